@@ -1,0 +1,46 @@
+"""The `learntok` command line. Each subcommand lives in `learntok/commands/<name>.py` and provides
+`add_arguments(parser)` and `run(args) -> int`; modules are imported only when their command runs so
+that `learntok --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> one-line help. Keep in the order a new user meets them.
+COMMANDS = {
+    "demo": "train a ~1M-parameter model on text shipped with Python and show its learned tokens",
+    "train": "train a model from a config file (key=value overrides allowed)",
+    "prepare": "turn a corpus (text, JSONL, Parquet, raw bytes, HF datasets) into training shards",
+    "eval": "bits-per-byte on held-out text and benchmarks",
+    "segment": "show the learned tokens of a text",
+    "score": "bits-per-byte of a text or file",
+    "generate": "sample text from a trained model",
+    "compare": "train several boundary strategies at matched FLOPs and compare them",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="learntok", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    available = {}
+    for name, help_text in COMMANDS.items():
+        if importlib.util.find_spec(f"learntok.commands.{name}") is None:
+            continue  # not implemented yet
+        available[name] = sub.add_parser(name, help=help_text, description=help_text)
+    argv = sys.argv[1:] if argv is None else argv
+    # Only the chosen command's module is imported to add its arguments.
+    if argv and argv[0] in available:
+        module = importlib.import_module(f"learntok.commands.{argv[0]}")
+        module.add_arguments(available[argv[0]])
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(f"learntok.commands.{args.command}")
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
