@@ -1,0 +1,94 @@
+"""`learned`: the paper's score-function boundary policy (§2.3-2.7).
+
+Equations implemented:
+  l_raw_i    = W_0 X_i + sum_{j=1..w} a_{i-j} W_j X_i                     (eq. 21, w = `lags`)
+  l_scaled_i = l_raw_i / D + logit(target)                               (eq. 22)
+  l_i        = softcap(l_scaled_i) in training, l_scaled_i in evaluation  (eq. 23)
+  a_i ~ Bernoulli(sigmoid(l_i)), a_0 = 1                                 (eq. 19-20)
+  R_t = log p(x_{t+1}|...) - log p_early(x_{t+1}|...), G, A, L_pi, L_target  (eq. 15-18, 24)
+
+Deliberate choices (DESIGN.md §3): `lags` counts the W_j with j >= 1 as in the paper's formula (the
+authors' code used `filter_size = 8` for 7 lags plus W_0); the policy has no bias beyond
+logit(target); the softcap value is ours (the paper does not state it); forced boundaries (a_0 and
+document starts) are set inside the scan, so later positions condition on the executed history; the
+advantage baseline is the mean over the whole batch given to `losses()`.
+
+Sampling: the W_j X_i for all i, j come from one matmul; the sequential part runs in the compiled scan
+of `learntok.kernels.scan`; log pi(a_i) is then recomputed with gradient from the sampled a, vectorised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import BoundaryConfig
+from ..kernels.scan import scan_boundaries, thresholds_from_uniforms
+from ..model.layers import softcap
+from ..objectives import binary_entropy_from_logits, masked_mean, policy_losses
+from .base import Boundaries, BoundaryInput, BoundaryStrategy, LossInputs
+
+
+def lagged(a: torch.Tensor, w: int) -> torch.Tensor:
+    """(B, T) -> (B, T, w) with [..., j - 1] = a_{i - j} (zero before the start)."""
+    padded = F.pad(a, (w, 0))  # (B, T + w)
+    windows = padded.unfold(1, w + 1, 1)  # (B, T, w + 1): a_{i-w} .. a_i
+    return windows[..., :w].flip(-1)
+
+
+class LearnedPolicy(BoundaryStrategy):
+    name = "learned"
+    stochastic = True
+
+    def __init__(self, cfg: BoundaryConfig, d_model: int):
+        super().__init__(cfg, d_model)
+        self.lags = cfg.lags
+        self.proj = nn.Linear(d_model, 1 + cfg.lags, bias=False)  # rows: W_0, W_1 .. W_w
+
+    def scaled_logit_terms(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """base_i = W_0 X_i / D + logit(target) (B, T) and lag_{i,j} = W_j X_i / D (B, T, w)."""
+        z = self.proj(hidden).float() / self.cfg.scale  # (B, T, 1 + w)
+        return z[..., 0] + math.log(self.cfg.target_rate / (1 - self.cfg.target_rate)), z[..., 1:]
+
+    def forward(self, inp: BoundaryInput) -> Boundaries:
+        base, lag = self.scaled_logit_terms(inp.hidden)
+        cap = self.cfg.softcap if self.training else None
+        if inp.prescribed is not None:
+            a = (inp.prescribed.bool() & inp.valid) | inp.forced
+        else:
+            a = self.sample(base, lag, inp, cap)
+        # recompute the logits of the executed history, with gradient
+        l_scaled = base + (lagged(a.to(lag.dtype), self.lags) * lag).sum(-1) if self.lags else base
+        logits = softcap(l_scaled, cap)
+        log_prob = torch.where(a, F.logsigmoid(logits), F.logsigmoid(-logits))
+        return Boundaries(a=a, probs=torch.sigmoid(logits), extras={"logits": logits, "log_prob": log_prob})
+
+    @torch.no_grad()
+    def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None) -> torch.Tensor:
+        u = torch.rand(base.shape, generator=inp.generator, device=base.device)
+        threshold = thresholds_from_uniforms(u, cap)
+        threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
+        return scan_boundaries(base.detach(), lag.detach(), threshold)
+
+    def _decide(self, inp: LossInputs) -> torch.Tensor:
+        return inp.valid & ~inp.forced
+
+    def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
+        rewards = inp.logp - inp.logp_early if self.cfg.early_exit_reward else inp.logp
+        loss_policy, loss_target, advantages = policy_losses(
+            bnd.extras["log_prob"], bnd.extras["logits"], bnd.probs, rewards.detach(), self._decide(inp),
+            inp.valid, gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate)
+        bnd.extras["advantages"] = advantages
+        return {"policy": (self.cfg.lambda_policy, loss_policy), "target": (self.cfg.lambda_target, loss_target)}
+
+    def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
+        decide = self._decide(inp)
+        out = {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.extras["logits"].detach()), decide),
+               "mean_prob": masked_mean(bnd.probs.detach(), decide)}
+        if "advantages" in bnd.extras:
+            adv = bnd.extras["advantages"]
+            out["advantage_std"] = (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()
+        return out

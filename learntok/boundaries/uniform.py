@@ -1,0 +1,31 @@
+"""`uniform`: exactly round(N * target) evenly spaced boundaries per sequence of N bytes (paper §4:
+4096 * 1/5 = 819 boundaries), the first at position 0 (BOS).
+
+Boundary k sits at floor(k * N / K) for k = 0 .. K-1, K = round(N * target): spacings differ by at
+most one byte. Depends only on N, so it is trivially causal. Padding positions never hold a boundary,
+so a shorter row has fewer tokens; document starts (packed mode) are forced on top.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Boundaries, BoundaryInput, BoundaryStrategy
+
+
+def uniform_boundaries(n: int, rate: float, device=None) -> torch.Tensor:
+    """(n,) bool with exactly max(1, round(n * rate)) evenly spaced boundaries, the first at 0."""
+    k = max(1, round(n * rate))
+    a = torch.zeros(n, dtype=torch.bool, device=device)
+    a[(torch.arange(k, device=device) * n) // k] = True
+    return a
+
+
+class Uniform(BoundaryStrategy):
+    name = "uniform"
+
+    def forward(self, inp: BoundaryInput) -> Boundaries:
+        B, T = inp.inputs.shape
+        a = uniform_boundaries(T, self.cfg.target_rate, inp.inputs.device).expand(B, T)
+        a = (a & inp.valid) | inp.forced
+        return Boundaries(a=a, probs=a.float())

@@ -1,0 +1,80 @@
+"""`learntok prepare INPUT... --out DIR`: turn a corpus into training shards (see learntok.data.prepare)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from learntok.data.readers import FORMATS
+from learntok.data.shards import DEFAULT_SHARD_BYTES
+
+
+def _size(text: str) -> int:
+    """A byte count, with an optional K/M/G suffix (powers of 1024): 512M, 1G, 4096."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 512M, 1G)") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="files, folders (read recursively) or Hugging Face dataset names")
+    parser.add_argument("--out", required=True, help="output directory (created; must not exist unless --overwrite)")
+    parser.add_argument("--format", default="auto", choices=FORMATS,
+                        help="input format; auto detects it from each file name (default: auto)")
+    parser.add_argument("--field", default="text",
+                        help="JSON/Parquet/HF field holding the text: text (FineWeb), content (CodeParrot)")
+    parser.add_argument("--val-fraction", type=float, default=0.01,
+                        help="fraction of documents in the validation split (default: 0.01)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default: 0)")
+    parser.add_argument("--min-bytes", type=int, default=1,
+                        help="drop documents shorter than this; e.g. 4096 for the paper's setup (default: 1)")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="skip (and count) malformed records instead of stopping at the first")
+    parser.add_argument("--shard-bytes", type=_size, default=DEFAULT_SHARD_BYTES,
+                        help="maximum bytes per shard file, e.g. 256M (default: 1G)")
+    parser.add_argument("--max-docs", type=int, default=None, help="stop after reading this many documents")
+    parser.add_argument("--raw-doc-bytes", type=_size, default=None,
+                        help="raw format: cut the byte stream into documents of this size (default: whole file)")
+    parser.add_argument("--hf-split", default="train", help="hf format: split of the source dataset (default: train)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from learntok.data.prepare import PrepareOptions, format_summary, prepare
+    from learntok.data.readers import DataFormatError
+
+    opts = PrepareOptions(
+        inputs=args.inputs, out=args.out, format=args.format, field=args.field,
+        val_fraction=args.val_fraction, seed=args.seed, min_bytes=args.min_bytes,
+        skip_bad_lines=args.skip_bad_lines, shard_bytes=args.shard_bytes, max_docs=args.max_docs,
+        raw_doc_bytes=args.raw_doc_bytes, hf_split=args.hf_split, overwrite=args.overwrite,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    try:
+        summary = prepare(opts)
+    except (DataFormatError, FileNotFoundError, FileExistsError, ImportError, ValueError) as e:
+        # Expected failures (bad input, wrong options): one clear line, no traceback.
+        print(f"learntok prepare: error: {e}", file=sys.stderr)
+        if isinstance(e, DataFormatError) and not args.skip_bad_lines:
+            print("(pass --skip-bad-lines to skip and count malformed records)", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(format_summary(summary))
+    return 0
+
+
+def _main() -> int:  # `python -m learntok.commands.prepare` for debugging
+    parser = argparse.ArgumentParser(prog="learntok prepare")
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

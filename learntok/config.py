@@ -1,0 +1,270 @@
+"""Configuration: one dataclass per component, loaded from YAML with dotted command-line overrides.
+
+A run is described by `RunConfig` (model, boundaries, training, data). YAML files list only what they
+change from the defaults; `key=value` overrides on the command line use dotted paths
+(`train.lr=3e-3`, `boundaries.name=uniform`). Unknown keys and wrong types are errors that name the key
+and the nearest valid one. The resolved config is saved with every run and checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class ModelConfig:
+    """The autoregressive U-Net (paper §2.2, appendix D)."""
+
+    d_model: int = 128  # width of every level (d_enc = d_mid = d_dec)
+    n_heads: int = 4  # attention heads at every level
+    n_down_layers: int = 2  # byte-level encoder blocks (sliding-window attention)
+    n_mid_layers: int = 2  # token-level blocks (full causal attention)
+    n_up_layers: int = 2  # byte-level decoder blocks (sliding-window attention)
+    window: int = 64  # sliding window: byte i attends to bytes i-window+1 .. i
+    byte_mlp_mult: float = 1.0  # byte-level GeGLU hidden = byte_mlp_mult * d_model (paper: 1)
+    token_mlp_mult: float = 4.0  # token-level GeGLU hidden = token_mlp_mult * d_model (paper: 4)
+    attn_softcap: float | None = 50.0  # Gemma 2 attention-logit softcap; None disables it
+    final_softcap: float | None = 30.0  # Gemma 2 final-logit softcap; None disables it
+    rope_theta: float = 10000.0  # RoPE base; positions are integer byte positions at both levels
+    token_multiple: int = 8  # pad the token dimension to a multiple of this (fewer distinct shapes)
+    init_std: float = 0.02  # std of the normal initialisation of linear layers
+
+
+@dataclass
+class BoundaryConfig:
+    """How token boundaries are drawn. `name` selects a strategy from `learntok.boundaries`."""
+
+    name: str = "learned"  # learned | uniform | ... (see `learntok.boundaries.STRATEGIES`)
+    target_rate: float = 0.2  # target fraction of bytes that end a token (paper: 1/5)
+    # --- learned (score-function) policy, paper §2.4-2.7 ---
+    lags: int = 8  # w: number of previous boundary decisions the logit sees (paper: 8; also 1)
+    scale: float = 16.0  # D: raw logits are divided by this
+    softcap: float | None = 10.0  # policy-logit softcap, training only (paper: value not stated)
+    gamma: float = 0.99  # discount of the returns
+    early_exit_reward: bool = True  # subtract the early-exit log-likelihood from the reward
+    batch_centering: str = "mean"  # mean | leave_one_out | none: the advantage baseline over the batch
+    lambda_policy: float = 1e-2  # weight of the policy loss
+    lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
+    lambda_early: float = 1e-1  # weight of the early-exit loss
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. Schedules are in bytes, as the paper states them."""
+
+    seq_len: int = 512  # bytes per sequence (BOS + seq_len - 1 bytes of text are predicted)
+    batch_size: int = 8  # sequences per optimizer step
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_bytes: float = 2e5  # linear warmup length
+    training_bytes: float = 3e6  # total bytes of the run
+    weight_decay: float = 0.01  # AdamW (torch default)
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    seed: int = 0
+    log_every: int = 10  # steps between metric lines
+    eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
+    eval_batches: int = 8  # held-out batches per evaluation
+    checkpoint_every: int = 200  # steps between checkpoints (0: only at the end)
+    keep_checkpoints: int = 2  # how many checkpoints to keep
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    compile: bool = False  # torch.compile the model
+
+
+@dataclass
+class DataConfig:
+    """Where sequences come from."""
+
+    source: str = "demo"  # demo (text shipped with Python) | a directory made by `learntok prepare`
+    mode: str = "paper"  # paper (documents of >= seq_len bytes, truncated) | packed
+    val_fraction: float = 0.05  # demo corpus only: held-out share of documents
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    boundaries: BoundaryConfig = field(default_factory=BoundaryConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used."""
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting what YAML and the command line produce
+    (ints for floats, strings for numbers)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected a boolean, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+            if f.is_integer():
+                return int(f)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _unknown(key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.split(".")[-1], [v.split(".")[-1] for v in valid], n=1)
+    hint = ""
+    if close:
+        hint = f"; did you mean '{next(v for v in valid if v.split('.')[-1] == close[0])}'?"
+    return ConfigError(f"unknown config key '{key}'{hint} (valid: {', '.join(valid)})")
+
+
+def _apply(cfg: Any, updates: dict, prefix: str = "") -> None:
+    hints = _field_types(type(cfg))
+    for key, value in updates.items():
+        path = f"{prefix}{key}"
+        if key not in hints:
+            raise _unknown(path, [f"{prefix}{k}" for k in hints])
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: expected a mapping of its fields, got {value!r}")
+            _apply(current, value, prefix=f"{path}.")
+        else:
+            setattr(cfg, key, _coerce(value, hints[key], path))
+
+
+def _nest(dotted: str, value: Any) -> dict:
+    out: dict = {}
+    node = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def parse_override(text: str) -> dict:
+    """`train.lr=3e-3` -> {'train': {'lr': '3e-3'}} (the value is typed against the field later)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key=value")
+    key, value = text.split("=", 1)
+    return _nest(key.strip(), yaml.safe_load(value) if value.strip() else "")
+
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A YAML path, or the name of a shipped config (`cpu_default`, `paper_147m`, ...)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = CONFIG_DIR / f"{name_or_path}.yaml"
+    if shipped.exists():
+        return shipped
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"config '{name_or_path}' is neither a file nor a shipped config ({', '.join(names)})")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> RunConfig:
+    """Defaults, then the YAML file, then the overrides; validated at each step."""
+    cfg = RunConfig()
+    if path is not None:
+        resolved = resolve_config_path(path)
+        data = yaml.safe_load(resolved.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{resolved}: expected a mapping at the top level")
+        try:
+            _apply(cfg, data)
+        except ConfigError as e:
+            raise ConfigError(f"{resolved}: {e}") from None
+    if isinstance(overrides, dict):
+        _apply(cfg, overrides)
+    else:
+        for text in overrides or []:
+            _apply(cfg, parse_override(text))
+    validate(cfg)
+    return cfg
+
+
+def from_dict(data: dict) -> RunConfig:
+    cfg = RunConfig()
+    _apply(cfg, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Cross-field checks that types alone cannot express."""
+    m, b, t = cfg.model, cfg.boundaries, cfg.train
+    if m.d_model % m.n_heads or (m.d_model // m.n_heads) % 2:
+        raise ConfigError(f"model.d_model={m.d_model} must split into n_heads={m.n_heads} heads of even size")
+    if not 0.0 < b.target_rate < 1.0:
+        raise ConfigError(f"boundaries.target_rate={b.target_rate} must lie strictly between 0 and 1")
+    if b.lags < 0:
+        raise ConfigError(f"boundaries.lags={b.lags} must be >= 0")
+    if not 0.0 < b.gamma <= 1.0:
+        raise ConfigError(f"boundaries.gamma={b.gamma} must lie in (0, 1]")
+    if b.batch_centering not in ("mean", "leave_one_out", "none"):
+        raise ConfigError(f"boundaries.batch_centering={b.batch_centering!r}: use mean, leave_one_out or none")
+    if t.seq_len < 2 or t.batch_size < 1:
+        raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
+    if cfg.data.mode not in ("paper", "packed"):
+        raise ConfigError(f"data.mode={cfg.data.mode!r}: use paper or packed")

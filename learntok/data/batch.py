@@ -1,0 +1,44 @@
+"""The unit of training and evaluation data, shared by every data source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Byte vocabulary: the 256 byte values plus three specials.
+BOS = 256
+EOS = 257
+PAD = 258
+VOCAB_SIZE = 259
+
+
+@dataclass
+class Batch:
+    """B sequences of T positions. `inputs[:, 0]` is BOS; position t predicts `targets[:, t]`, which is
+    `inputs[:, t + 1]` inside a sequence. Targets equal to PAD are ignored by every loss and metric."""
+
+    inputs: torch.Tensor  # (B, T) int64, values in [0, VOCAB_SIZE)
+    targets: torch.Tensor  # (B, T) int64, PAD where there is nothing to predict
+    # (B, T) bool or None. Packed mode only: True where a new document starts (its BOS). The model forces
+    # a boundary there; strategies may not look across it.
+    doc_start: torch.Tensor | None = None
+    # (B, T) bool or None. Boundaries supplied with the data (BPE guidance, user segmentations).
+    boundaries: torch.Tensor | None = None
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """(B, T) bool: positions that have a target."""
+        return self.targets != PAD
+
+    def to(self, device: torch.device | str) -> "Batch":
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(move(self.inputs), move(self.targets), move(self.doc_start), move(self.boundaries))
+
+    @staticmethod
+    def from_sequences(seqs: torch.Tensor) -> "Batch":
+        """From (B, T + 1) rows of BOS + bytes (+ PAD): inputs are the first T, targets the last T."""
+        inputs = seqs[:, :-1].clone()
+        targets = seqs[:, 1:].clone()
+        targets[inputs == PAD] = PAD
+        return Batch(inputs, targets)

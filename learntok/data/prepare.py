@@ -1,0 +1,187 @@
+"""Turn a corpus into a prepared dataset (see `shards.py`): read, filter, split, write, summarise.
+
+The train/validation split is a pure function of (document index, seed): document i goes to `val` when
+a 64-bit hash of (seed, i) falls below `val_fraction`. The index counts every document read, kept or not,
+so the same input and seed always give the same split, and changing a filter (`min_bytes`) does not move
+the documents it keeps from one split to the other.
+"""
+
+from __future__ import annotations
+
+import time
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .readers import ReadStats, iter_documents
+from .shards import DEFAULT_SHARD_BYTES, DatasetWriter
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class PrepareOptions:
+    """Everything `prepare` needs; the command line maps one to one onto these fields."""
+
+    inputs: list[str]
+    out: str
+    format: str = "auto"
+    field: str = "text"
+    val_fraction: float = 0.01
+    seed: int = 0
+    min_bytes: int = 1  # documents shorter than this are dropped (empty ones always are)
+    skip_bad_lines: bool = False
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    max_docs: int | None = None  # stop after reading this many documents (quick runs, tests)
+    raw_doc_bytes: int | None = None  # `raw` format: cut the byte stream into documents of this size
+    hf_split: str = "train"  # `hf` format: which split of the source dataset to read
+    overwrite: bool = False
+    progress: bool = True
+    extra_meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _splitmix64(x: int) -> int:
+    """A well-mixed 64-bit hash of a 64-bit integer (Steele et al., SplitMix64), stable everywhere,
+    unlike Python's `hash`."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def is_val(doc_index: int, seed: int, val_fraction: float) -> bool:
+    """Whether document `doc_index` (0-based, among all documents read) belongs to the validation split."""
+    h = _splitmix64(_splitmix64(seed & _MASK64) ^ doc_index)
+    return h < val_fraction * 2.0**64
+
+
+def _check(opts: PrepareOptions) -> None:
+    if not opts.inputs:
+        raise ValueError("no input given")
+    if not 0.0 <= opts.val_fraction < 1.0:
+        raise ValueError(f"--val-fraction must be in [0, 1), got {opts.val_fraction}")
+    if opts.min_bytes < 0:
+        raise ValueError(f"--min-bytes must be >= 0, got {opts.min_bytes}")
+    if opts.max_docs is not None and opts.max_docs <= 0:
+        raise ValueError(f"--max-docs must be positive, got {opts.max_docs}")
+
+
+def prepare(opts: PrepareOptions) -> dict[str, Any]:
+    """Read `opts.inputs`, write the prepared dataset to `opts.out` and return the summary (also written
+    to `summary.json` there). Raises before writing anything final if no document is kept."""
+    _check(opts)
+    from tqdm import tqdm  # a dependency of learntok; imported here to keep module import light
+
+    stats = ReadStats()
+    counts = {"read": 0, "kept": 0, "empty": 0, "short": 0, "bytes_read": 0}
+    start = time.perf_counter()
+    docs = iter_documents(
+        opts.inputs, opts.format, opts.field, skip_bad_lines=opts.skip_bad_lines,
+        raw_doc_bytes=opts.raw_doc_bytes, hf_split=opts.hf_split, stats=stats,
+    )
+    with DatasetWriter(opts.out, opts.shard_bytes, opts.overwrite) as writer, tqdm(
+        desc="prepare", unit="B", unit_scale=True, disable=not opts.progress, leave=False
+    ) as bar:
+        pending = 0  # bytes not yet shown on the bar: updating it per document costs more than the work
+        for index, doc in enumerate(docs):
+            _route(writer, index, doc, opts, counts)
+            pending += len(doc)
+            if pending >= 1 << 20:
+                bar.update(pending)
+                bar.set_postfix(docs=counts["read"], refresh=False)
+                pending = 0
+            if opts.max_docs is not None and counts["read"] >= opts.max_docs:
+                break
+        docs.close()  # closes the input file now if we stopped early (max_docs)
+        bar.update(pending)
+        seconds = time.perf_counter() - start
+        if counts["kept"] == 0:
+            raise ValueError(_nothing_kept_message(opts, counts, stats))
+        summary = _summary(opts, counts, stats, writer, seconds)
+        meta = _meta(opts, counts)
+        writer.commit(meta, summary)
+    return summary
+
+
+def _route(writer: DatasetWriter, index: int, doc: bytes, opts: PrepareOptions, counts: dict) -> None:
+    """Count one document and write it to its split, or count why it is dropped."""
+    counts["read"] += 1
+    counts["bytes_read"] += len(doc)
+    if not doc:
+        counts["empty"] += 1
+    elif len(doc) < opts.min_bytes:
+        counts["short"] += 1
+    else:
+        counts["kept"] += 1
+        writer.add("val" if is_val(index, opts.seed, opts.val_fraction) else "train", doc)
+
+
+def _nothing_kept_message(opts: PrepareOptions, counts: dict, stats: ReadStats) -> str:
+    msg = (f"no document kept from {', '.join(map(str, opts.inputs))}: read {counts['read']}, "
+           f"{counts['empty']} empty, {counts['short']} shorter than {opts.min_bytes} bytes, "
+           f"{stats.bad_lines} bad lines skipped")
+    if stats.first_bad:
+        msg += f"; first bad line: {stats.first_bad}"
+    return msg
+
+
+def _summary(opts: PrepareOptions, counts: dict, stats: ReadStats, writer: DatasetWriter,
+             seconds: float) -> dict[str, Any]:
+    splits = {name: {"documents": w.documents, "bytes": w.bytes, "shards": w.num_shards}
+              for name, w in writer.splits.items()}
+    return {
+        "inputs": [str(i) for i in opts.inputs],
+        "out": str(opts.out),
+        "documents_read": counts["read"],
+        "documents_kept": counts["kept"],
+        "dropped_empty": counts["empty"],
+        "dropped_short": counts["short"],
+        "min_bytes": opts.min_bytes,
+        "bad_lines_skipped": stats.bad_lines,
+        "bad_line_reasons": stats.bad_reasons,
+        "first_bad_line": stats.first_bad,
+        "bytes_read": counts["bytes_read"],
+        "splits": splits,
+        "seconds": round(seconds, 3),
+        # MB = 1e6 bytes of document text (decompressed), not of the input files
+        "mb_per_s": round(counts["bytes_read"] / 1e6 / max(seconds, 1e-9), 2),
+    }
+
+
+def _meta(opts: PrepareOptions, counts: dict) -> dict[str, Any]:
+    return {
+        "source": [str(Path(i).resolve()) if Path(i).exists() else str(i) for i in opts.inputs],
+        "input_format": opts.format,
+        "field": opts.field,
+        "seed": opts.seed,
+        "val_fraction": opts.val_fraction,
+        "min_bytes": opts.min_bytes,
+        "max_docs": opts.max_docs,
+        "raw_doc_bytes": opts.raw_doc_bytes,
+        "documents_read": counts["read"],
+        "split_rule": "val iff splitmix64(splitmix64(seed) ^ doc_index) < val_fraction * 2**64; "
+                      "doc_index counts every document read, from 0",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **opts.extra_meta,
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as a few human-readable lines."""
+    mb = lambda n: f"{n / 1e6:,.2f} MB"  # noqa: E731
+    lines = [
+        f"read {s['documents_read']:,} documents ({mb(s['bytes_read'])}) from {len(s['inputs'])} input(s)",
+        f"kept {s['documents_kept']:,}; dropped {s['dropped_empty']:,} empty, {s['dropped_short']:,} "
+        f"shorter than {s['min_bytes']} bytes; bad lines skipped: {s['bad_lines_skipped']:,}",
+    ]
+    if s["first_bad_line"]:
+        lines.append(f"first bad line: {s['first_bad_line']}")
+    for name, sp in s["splits"].items():
+        lines.append(f"{name:>5}: {sp['documents']:,} documents, {mb(sp['bytes'])} in {sp['shards']} shard(s)")
+    if s["splits"]["val"]["documents"] == 0:
+        lines.append("warning: the validation split is empty (raise --val-fraction or add data)")
+    lines.append(f"{s['seconds']:.2f} s, {s['mb_per_s']:,.1f} MB/s -> {s['out']}")
+    return "\n".join(lines)
+

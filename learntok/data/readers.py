@@ -1,0 +1,382 @@
+"""Readers: turn a corpus on disk (or on the Hugging Face hub) into a stream of documents as `bytes`.
+
+Supported layouts, detected from the path unless a format is given:
+
+- `text`: a plain file, or a folder read recursively; one document per file, bytes as they are.
+- `jsonl`: JSON Lines, optionally gzip (`.jsonl`, `.jsonl.gz`, `.json`, `.json.gz`, `.ndjson`); one
+  object per line, the document is the string in `field` (`text` for FineWeb, `content` for CodeParrot).
+- `parquet`: Parquet files (needs `pyarrow`), the document is the string or binary column `field`.
+- `raw`: the whole file is one stream of arbitrary bytes (enwik8); cut into documents of `raw_doc_bytes`
+  bytes, or kept whole.
+- `hf`: a Hugging Face dataset, by hub name (`HuggingFaceFW/fineweb`, streamed) or a local folder written
+  by `save_to_disk` (needs `datasets`).
+
+Every reader counts what it sees in a `ReadStats`. Empty documents are yielded (and counted): dropping
+them is the caller's decision, so that document indices stay the same whatever the filters.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("auto", "text", "jsonl", "parquet", "raw", "hf")
+
+# Suffixes (lower case, longest first where they overlap) for auto-detection.
+_JSONL_SUFFIXES = (".jsonl.gz", ".json.gz", ".ndjson.gz", ".jsonl", ".json", ".ndjson")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+# Files written by `datasets.save_to_disk` that mark a folder as a saved dataset.
+_HF_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")
+# A hub id such as `HuggingFaceFW/fineweb` or `wikitext`: used only when no such path exists.
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class DataFormatError(ValueError):
+    """The input is not what the chosen format and field say it is. The message names file and line."""
+
+
+class _BadRecord(Exception):
+    """One record is unusable; the caller adds file and line, then raises or skips it."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.message, self.reason = message, reason
+
+
+@dataclass
+class ReadStats:
+    """Counters filled by the readers while they run."""
+
+    files: int = 0  # files opened (or datasets loaded)
+    documents: int = 0  # documents yielded, empty ones included
+    empty: int = 0  # documents of zero bytes (yielded, counted here)
+    bad_lines: int = 0  # records skipped because of `skip_bad_lines`
+    first_bad: str | None = None  # message of the first skipped record, to show in the summary
+    bad_reasons: dict[str, int] = dc_field(default_factory=dict)
+
+    def skip(self, message: str, reason: str) -> None:
+        """Count one skipped record."""
+        self.bad_lines += 1
+        self.bad_reasons[reason] = self.bad_reasons.get(reason, 0) + 1
+        if self.first_bad is None:
+            self.first_bad = message
+
+    def count(self, doc: bytes) -> bytes:
+        """Count one yielded document and return it."""
+        self.documents += 1
+        if not doc:
+            self.empty += 1
+        return doc
+
+
+# ----------------------------------------------------------------------------------------------------
+# Format detection
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of one input from its name: `jsonl`, `parquet`, `hf` or `text` (the fallback).
+
+    `raw` is never guessed: a file with an unknown suffix is read as one text document, which is the
+    same bytes as `raw` with no document size; ask for `raw` to cut it into documents."""
+    p = Path(path)
+    if p.is_dir():
+        return "hf" if any((p / m).exists() for m in _HF_MARKERS) else "text"
+    if not p.exists():
+        if _HUB_NAME.match(str(path)) and not _has_known_suffix(p.name):
+            return "hf"
+        raise FileNotFoundError(f"{path}: no such file or folder (for a hub dataset pass --format hf)")
+    return _format_from_suffix(p.name) or "text"
+
+
+def _format_from_suffix(name: str) -> str | None:
+    lower = name.lower()
+    if lower.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if lower.endswith(_PARQUET_SUFFIXES):
+        return "parquet"
+    return None
+
+
+def _has_known_suffix(name: str) -> bool:
+    return _format_from_suffix(name) is not None or name.lower().endswith((".txt", ".gz"))
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """All regular files below `folder`, sorted so that document order (and so the split) is stable;
+    hidden files and folders (`.git`, `.DS_Store`) are left out."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(Path(root) / f for f in sorted(files) if not f.startswith("."))
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------
+# The entry point
+
+
+def iter_documents(
+    inputs: str | Path | Iterable[str | Path],
+    format: str = "auto",
+    field: str = "text",
+    *,
+    skip_bad_lines: bool = False,
+    raw_doc_bytes: int | None = None,
+    hf_split: str = "train",
+    stats: ReadStats | None = None,
+) -> Iterator[bytes]:
+    """Yield every document of `inputs` (files, folders or hub names) in a deterministic order.
+
+    `format="auto"` detects each input (and, in a folder, each file: a folder of `.jsonl.gz` or
+    `.parquet` files reads them as such, other files as text). Pass `stats` to get the counts."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    stats = stats if stats is not None else ReadStats()
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    for item in inputs:
+        fmt = detect_format(item) if format == "auto" else format
+        if fmt != "hf" and not Path(item).exists():
+            raise FileNotFoundError(f"{item}: no such file or folder")
+        if fmt == "hf":
+            yield from read_hf(item, field, split=hf_split, skip_bad_lines=skip_bad_lines, stats=stats)
+        elif Path(item).is_dir():
+            for path in _files_under(Path(item)):
+                sub = (_format_from_suffix(path.name) or "text") if format == "auto" else fmt
+                yield from _read_file(path, sub, field, skip_bad_lines, raw_doc_bytes, stats)
+        else:
+            yield from _read_file(Path(item), fmt, field, skip_bad_lines, raw_doc_bytes, stats)
+
+
+def _read_file(
+    path: Path, fmt: str, field: str, skip_bad_lines: bool, raw_doc_bytes: int | None, stats: ReadStats
+) -> Iterator[bytes]:
+    if fmt == "text":
+        return read_text(path, stats=stats)
+    if fmt == "jsonl":
+        return read_jsonl(path, field, skip_bad_lines=skip_bad_lines, stats=stats)
+    if fmt == "parquet":
+        return read_parquet(path, field, skip_bad_lines=skip_bad_lines, stats=stats)
+    if fmt == "raw":
+        return read_raw(path, doc_bytes=raw_doc_bytes, stats=stats)
+    raise ValueError(f"format {fmt!r} does not apply to a file")
+
+
+# ----------------------------------------------------------------------------------------------------
+# One reader per format
+
+
+def read_text(path: str | Path, stats: ReadStats | None = None) -> Iterator[bytes]:
+    """One document per file: a file, or every file under a folder (recursively, sorted)."""
+    stats = stats if stats is not None else ReadStats()
+    path = Path(path)
+    for p in _files_under(path) if path.is_dir() else [path]:
+        stats.files += 1
+        yield stats.count(p.read_bytes())
+
+
+def read_raw(
+    path: str | Path, doc_bytes: int | None = None, stats: ReadStats | None = None
+) -> Iterator[bytes]:
+    """The file as a stream of arbitrary bytes (non-UTF-8 allowed), cut into documents of `doc_bytes`
+    bytes (the last one shorter), or one document when `doc_bytes` is None."""
+    if doc_bytes is not None and doc_bytes <= 0:
+        raise ValueError(f"raw document size must be positive, got {doc_bytes}")
+    stats = stats if stats is not None else ReadStats()
+    stats.files += 1
+    with open(path, "rb") as f:
+        if doc_bytes is None:
+            yield stats.count(f.read())
+            return
+        while chunk := f.read(doc_bytes):
+            yield stats.count(chunk)
+
+
+def _open_maybe_gzip(path: Path):
+    """Open for binary reading, decompressing when the file starts with the gzip magic (so a `.json`
+    that is in fact gzip, or a `.gz` that is not, both work)."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def read_jsonl(
+    path: str | Path,
+    field: str = "text",
+    *,
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[bytes]:
+    """The string `field` of each JSON object, one per line; blank lines are ignored.
+
+    A bad record (invalid JSON, not an object, no `field`, a value that is not a string) raises
+    `DataFormatError` naming `path:line`, or is counted in `stats.bad_lines` with `skip_bad_lines`."""
+    stats = stats if stats is not None else ReadStats()
+    path = Path(path)
+    stats.files += 1
+    lineno = 0
+    try:
+        with _open_maybe_gzip(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = _field_of_line(line, field)
+                except _BadRecord as e:
+                    message = f"{path}:{lineno}: {e.message}"
+                    if not skip_bad_lines:
+                        raise DataFormatError(message) from None
+                    stats.skip(message, e.reason)
+                    continue
+                yield stats.count(doc)
+    except (EOFError, zlib.error, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        # A download cut short ends in the middle of the gzip stream.
+        raise DataFormatError(f"{path}:{lineno + 1}: cannot read the file ({e}); is it truncated?") from e
+
+
+def _field_of_line(line: bytes, field: str) -> bytes:
+    """The UTF-8 bytes of `record[field]`; raises _BadRecord when the line is unusable."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        detail = f"{e.msg}: column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise _BadRecord(f"invalid JSON ({detail})", "invalid-json") from None
+    if not isinstance(record, dict):
+        raise _BadRecord(f"expected a JSON object, got {type(record).__name__}", "not-object")
+    return _text_value(record, field)
+
+
+def _text_value(record: dict[str, Any], field: str) -> bytes:
+    """`record[field]` as UTF-8 bytes, with errors that say what the record holds instead."""
+    if field not in record:
+        present = ", ".join(repr(k) for k in record) or "none"
+        raise _BadRecord(
+            f"no field {field!r} in the record; fields present: {present} (choose one with --field)",
+            "missing-field",
+        )
+    value = record[field]
+    if isinstance(value, str):
+        # Lone surrogates ("\ud800") are valid JSON but not encodable as UTF-8: replace them.
+        return value.encode("utf-8", errors="replace")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    raise _BadRecord(
+        f"field {field!r} is {type(value).__name__ if value is not None else 'null'}, not a string",
+        "not-string",
+    )
+
+
+def read_parquet(
+    path: str | Path,
+    field: str = "text",
+    *,
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+    batch_rows: int = 4096,
+) -> Iterator[bytes]:
+    """The string (or binary) column `field` of a Parquet file, row by row, read in record batches so
+    that a large file does not have to fit in memory. Null values are bad rows (`path:row N`)."""
+    pq = _import_pyarrow_parquet()
+    stats = stats if stats is not None else ReadStats()
+    path = Path(path)
+    stats.files += 1
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if field not in names:
+        raise DataFormatError(
+            f"{path}: no column {field!r}; columns present: {', '.join(map(repr, names))} "
+            "(choose one with --field)"
+        )
+    kind = str(pf.schema_arrow.field(field).type)
+    if kind not in ("string", "large_string", "binary", "large_binary", "string_view", "binary_view"):
+        raise DataFormatError(f"{path}: column {field!r} has type {kind}, not a string")
+    row = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if value is None:
+                message = f"{path}:row {row}: field {field!r} is null, not a string"
+                if not skip_bad_lines:
+                    raise DataFormatError(message)
+                stats.skip(message, "not-string")
+                continue
+            yield stats.count(value.encode("utf-8", errors="replace") if isinstance(value, str) else value)
+
+
+def _import_pyarrow_parquet():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            "reading Parquet needs pyarrow: pip install pyarrow (or pip install 'learntok[data]')"
+        ) from None
+    return pq
+
+
+def read_hf(
+    name: str | Path,
+    field: str = "text",
+    *,
+    split: str = "train",
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[bytes]:
+    """A Hugging Face dataset: a folder from `save_to_disk` (loaded with `load_from_disk`), another local
+    folder of data files, or a hub id (streamed, so nothing is downloaded ahead). Bad records are
+    named by row number."""
+    datasets = _import_datasets()
+    stats = stats if stats is not None else ReadStats()
+    stats.files += 1
+    ds = _load_hf(datasets, name, split)
+    columns = getattr(ds, "column_names", None)
+    if columns is not None and field not in columns:
+        raise DataFormatError(
+            f"{name}: no column {field!r}; columns present: {', '.join(map(repr, columns))} "
+            "(choose one with --field)"
+        )
+    for row, record in enumerate(ds, 1):
+        try:
+            doc = _text_value(record, field)
+        except _BadRecord as e:
+            message = f"{name}:row {row}: {e.message}"
+            if not skip_bad_lines:
+                raise DataFormatError(message) from None
+            stats.skip(message, e.reason)
+            continue
+        yield stats.count(doc)
+
+
+def _load_hf(datasets, name: str | Path, split: str):
+    """One split of a dataset, from disk when `name` is a folder, else from the hub (streaming)."""
+    path = Path(name)
+    if path.is_dir() and any((path / m).exists() for m in _HF_MARKERS):
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataFormatError(f"{name}: no split {split!r}; splits present: {', '.join(ds)}")
+            ds = ds[split]
+        return ds
+    try:
+        return datasets.load_dataset(str(name), split=split, streaming=True)
+    except Exception as e:  # the hub raises many types; say which dataset failed and why
+        raise DataFormatError(f"{name}: cannot load split {split!r} with datasets ({e})") from e
+
+
+def _import_datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(
+            "reading Hugging Face datasets needs the datasets library: pip install datasets "
+            "(or pip install 'learntok[data]')"
+        ) from None
+    return datasets

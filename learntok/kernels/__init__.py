@@ -1,0 +1,1 @@
+"""Compiled kernels with plain reference implementations."""

@@ -1,0 +1,1 @@
+"""Model: Gemma-2-style layers, byte<->token index maths, the autoregressive U-Net."""

@@ -1,0 +1,175 @@
+"""Gemma-2-style transformer blocks: RMSNorm before and after attention and MLP, GeGLU, RoPE with
+integer positions, attention-logit softcap. Two attention patterns: a sliding window over bytes and
+full causal attention over tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(x / cap): smooth clipping to (-cap, cap) (Gemma 2)."""
+    return x if cap is None else cap * torch.tanh(x / cap)
+
+
+class RMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), weight initialised to zero."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for integer positions (B, T) -> (B, 1, T, head_dim // 2), in fp32.
+
+    Positions stay int64 until this point: the authors' code kept them in bf16, where positions above
+    256 collide (DESIGN.md §5)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, hd/2)
+    return angles.cos()[:, None], angles.sin()[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of x (B, H, T, hd) by the position angles."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.type_as(x)
+
+
+def _attend(q, k, v, mask, cap: float | None) -> torch.Tensor:
+    """softmax(softcap(q k^T / sqrt(hd)) + mask) v with a boolean `mask` (True = may attend).
+
+    Without a softcap, PyTorch's fused SDPA does the same thing."""
+    if cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    scores = softcap(scores.float(), cap).masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).type_as(v), v)
+
+
+_WINDOW_MASKS: dict[tuple, torch.Tensor] = {}
+
+
+def sliding_window_mask(n_blocks: int, window: int, device: torch.device) -> torch.Tensor:
+    """(n_blocks, W, 2W) bool mask for blocked sliding-window attention.
+
+    Query block b (absolute positions bW .. bW+W-1) sees key block b-1 then key block b. Query q may
+    attend key k iff q - W < k <= q and k >= 0: exactly W keys including itself (fewer at the start)."""
+    key = (n_blocks, window, str(device))
+    if key not in _WINDOW_MASKS:
+        W = window
+        blocks = torch.arange(n_blocks, device=device)[:, None, None]
+        q = blocks * W + torch.arange(W, device=device)[None, :, None]  # (nb, W, 1)
+        k = (blocks - 1) * W + torch.arange(2 * W, device=device)[None, None, :]  # (nb, 1, 2W)
+        _WINDOW_MASKS[key] = (k <= q) & (k > q - W) & (k >= 0)
+    return _WINDOW_MASKS[key]
+
+
+def sliding_window_attention(q, k, v, window: int, cap: float | None) -> torch.Tensor:
+    """Exact sliding-window causal attention over (B, H, T, hd) in blocks of `window` queries, each
+    against its own and the previous key block: O(T * 2W) work instead of the dense O(T^2)."""
+    B, H, T, hd = q.shape
+    W = window
+    n_blocks = -(-T // W)
+    pad = n_blocks * W - T
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    qb = q.view(B, H, n_blocks, W, hd)
+    kb = k.view(B, H, n_blocks, W, hd)
+    vb = v.view(B, H, n_blocks, W, hd)
+    # keys/values of block b-1 then block b: (B, H, nb, 2W, hd); block -1 is zeros and fully masked
+    k2 = torch.cat([F.pad(kb, (0, 0, 0, 0, 1, 0))[:, :, :-1], kb], dim=3)
+    v2 = torch.cat([F.pad(vb, (0, 0, 0, 0, 1, 0))[:, :, :-1], vb], dim=3)
+    mask = sliding_window_mask(n_blocks, W, q.device)  # (nb, W, 2W)
+    out = _attend(qb, k2, v2, mask, cap)  # (B, H, nb, W, hd)
+    return out.reshape(B, H, n_blocks * W, hd)[:, :, :T]
+
+
+def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
+    """Full causal attention over (B, H, T, hd). Padding sits at the end of each row, so the causal
+    mask alone keeps real positions from seeing it."""
+    T = q.shape[2]
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return _attend(q, k, v, mask, cap)
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, window: int | None, cap: float | None):
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.window = window  # None: full causal attention
+        self.cap = cap
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.window is None:
+            y = causal_attention(q, k, v, self.cap)
+        else:
+            y = sliding_window_attention(q, k, v, self.window, self.cap)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class GeGLU(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.gelu(gate, approximate="tanh") * up)
+
+
+class Block(nn.Module):
+    """Gemma 2 block: x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
+
+    def __init__(self, d_model: int, n_heads: int, mlp_hidden: int, window: int | None, attn_cap: float | None):
+        super().__init__()
+        self.pre_attn_norm = RMSNorm(d_model)
+        self.attn = Attention(d_model, n_heads, window, attn_cap)
+        self.post_attn_norm = RMSNorm(d_model)
+        self.pre_mlp_norm = RMSNorm(d_model)
+        self.mlp = GeGLU(d_model, mlp_hidden)
+        self.post_mlp_norm = RMSNorm(d_model)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), cos, sin))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+
+class Stack(nn.Module):
+    """Blocks that share one attention pattern and one set of RoPE positions."""
+
+    def __init__(self, n_layers: int, d_model: int, n_heads: int, mlp_hidden: int, window: int | None,
+                 attn_cap: float | None, rope_theta: float):
+        super().__init__()
+        self.head_dim = d_model // n_heads
+        self.rope_theta = rope_theta
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, window, attn_cap) for _ in range(n_layers))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C), positions (B, T) int64."""
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return x
+
+    def n_matrix_params(self) -> int:
+        """Parameters of the weight matrices (norm gains excluded), for FLOPs accounting."""
+        return sum(p.numel() for p in self.parameters() if p.dim() >= 2)

@@ -1,0 +1,87 @@
+"""Returns, advantages and the score-function losses (paper §2.4-2.7).
+
+Index convention: position t predicts byte t + 1, and its reward is r_t = log p(x_{t+1} | ...) -
+log p_early(x_{t+1} | ...). The boundary a_i first affects the prediction made at position i (the token
+ending at i is added to byte i by the upsample), so the paper's G_i = sum_{j>=0} gamma^j R_{i+j+1} is,
+in our indexing, G_i = sum_{t>=i} gamma^(t-i) r_t.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LN2 = math.log(2.0)
+
+
+def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_i = sum_{t >= i} gamma^(t - i) r_t along the last dimension, on the rewards' device.
+
+    Vectorised: inside a chunk of C positions, G_i = gamma^-i * revcumsum(gamma^t r_t)_i; chunks are
+    then joined from the last to the first (T / C steps, not T). C keeps gamma^-C below e^60, so the
+    scaled terms never overflow fp32 and the reverse cumulative sum adds small terms first."""
+    if gamma == 1.0:
+        return rewards.flip(-1).cumsum(-1).flip(-1)
+    T = rewards.shape[-1]
+    chunk = max(1, min(T, int(60.0 / -math.log(gamma))))
+    t = torch.arange(chunk, device=rewards.device, dtype=rewards.dtype)
+    scale_up, scale_down = gamma ** t, gamma ** -t  # (C,)
+    out = torch.empty_like(rewards)
+    carry = None  # G at the first position of the following chunk
+    for start in reversed(range(0, T, chunk)):
+        stop = min(start + chunk, T)
+        n = stop - start
+        r = rewards[..., start:stop]
+        local = (r * scale_up[:n]).flip(-1).cumsum(-1).flip(-1) * scale_down[:n]
+        if carry is not None:
+            # positions i in this chunk also receive gamma^(stop - i) * G_stop
+            local = local + carry[..., None] * (gamma ** (n - t[:n]))
+        out[..., start:stop] = local
+        carry = local[..., 0]
+    return out
+
+
+def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """Advantages A_{b,i} = G_{b,i} - baseline_i, the baseline taken over the batch at each position
+    (paper eq. 17) among rows where `mask` is True. `mode`: mean | leave_one_out | none."""
+    if mode == "none":
+        return values * mask
+    m = mask.to(values.dtype)
+    total = (values * m).sum(0, keepdim=True)
+    count = m.sum(0, keepdim=True)
+    if mode == "mean":
+        baseline = total / count.clamp(min=1)
+    elif mode == "leave_one_out":
+        # mean of the other rows: unbiased, since it does not depend on this row's sample
+        baseline = (total - values) / (count - 1).clamp(min=1)
+    else:
+        raise ValueError(f"unknown batch centering {mode!r}")
+    return (values - baseline) * m
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1)
+
+
+def binary_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """H(Bernoulli(sigmoid(l))) in nats, stable for large |l|."""
+    p = torch.sigmoid(logits)
+    return -(p * torch.nn.functional.logsigmoid(logits) + (1 - p) * torch.nn.functional.logsigmoid(-logits))
+
+
+def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor, rewards: torch.Tensor,
+                  decide: torch.Tensor, valid: torch.Tensor, *, gamma: float, centering: str,
+                  target_rate: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The policy loss L_pi = -mean(log pi(a_i) * detach(A_i)) and the target-rate loss
+    L_target = mean(l) * detach(mean(p) - target) (paper eq. 18 and 24), as per-byte means.
+
+    rewards (B, T): r_t, zero where there is no target; `decide` (B, T) bool: positions whose decision
+    the policy took (not forced, not padding). Returns (L_pi, L_target, advantages)."""
+    returns = discounted_returns(rewards * valid, gamma)
+    advantages = batch_centered(returns, decide, centering).detach()
+    loss_policy = -masked_mean(log_prob * advantages, decide)
+    mean_p = masked_mean(probs, decide).detach()
+    loss_target = masked_mean(logits, decide) * (mean_p - target_rate)
+    return loss_policy, loss_target, advantages

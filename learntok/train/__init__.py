@@ -1,0 +1,1 @@
+"""Training: the loop, schedules, checkpoints."""

@@ -1,0 +1,195 @@
+"""prepare + shards: round trip, deterministic split, shard boundaries, damaged datasets, the command."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from learntok.cli import main as cli_main
+from learntok.data.prepare import PrepareOptions, is_val, prepare
+from learntok.data.readers import DataFormatError
+from learntok.data.shards import DatasetWriter, PreparedDataset, ShardError, open_split
+
+
+def make_docs(n: int, seed: int = 0) -> list[str]:
+    """n documents of varied length (some empty, some short, some non-ASCII)."""
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "γάμμα", "delta", "ε", "\n", "zeta", "日本"]
+    return ["" if i % 37 == 5 else " ".join(rng.choices(words, k=rng.randint(1, 60))) for i in range(n)]
+
+
+def write_corpus(path: Path, docs: list[str], field: str = "text") -> Path:
+    path.write_bytes(gzip.compress("".join(json.dumps({field: d, "i": i}) + "\n" for i, d in enumerate(docs)).encode()))
+    return path
+
+
+def run(inputs, out, **kw) -> dict:
+    return prepare(PrepareOptions(inputs=[str(i) for i in inputs], out=str(out), progress=False, **kw))
+
+
+def all_docs(path: Path, split: str) -> list[bytes]:
+    s = open_split(path, split)
+    return [bytes(s.doc(i)) for i in range(len(s))]
+
+
+def test_round_trip_bytes_in_equal_bytes_out(tmp_path):
+    docs = make_docs(300)
+    corpus = write_corpus(tmp_path / "c.jsonl.gz", docs)
+    summary = run([corpus], tmp_path / "out", val_fraction=0.2, seed=3)
+    train, val = all_docs(tmp_path / "out", "train"), all_docs(tmp_path / "out", "val")
+    # Each split keeps the input order; together they hold exactly the non-empty documents.
+    expected = [d.encode() for d in docs if d]
+    assert sorted(train + val) == sorted(expected)
+    assert train == [d for d in expected if d in set(train)]
+    kept_val = [d.encode() for i, d in enumerate(docs) if d and is_val(i, 3, 0.2)]
+    assert val == kept_val
+    empties = sum(1 for d in docs if not d)
+    assert summary["documents_read"] == 300 and summary["dropped_empty"] == empties
+    assert summary["documents_kept"] == 300 - empties
+    assert summary["splits"]["val"]["bytes"] == sum(map(len, val))
+    on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert on_disk["documents_kept"] == summary["documents_kept"]
+    meta = PreparedDataset(tmp_path / "out").meta
+    assert meta["seed"] == 3 and meta["val_fraction"] == 0.2 and meta["splits"]["train"]["documents"] == len(train)
+    assert not list(tmp_path.glob(".out.*")), "no temporary folder left behind"
+
+
+def test_split_is_deterministic(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl.gz", make_docs(200))
+    for name in ("a", "b"):
+        run([corpus], tmp_path / name, val_fraction=0.1, seed=7)
+    for split in ("train", "val"):
+        for f in ("bytes_00000.bin", "index_00000.npy"):
+            assert (tmp_path / "a" / split / f).read_bytes() == (tmp_path / "b" / split / f).read_bytes()
+    run([corpus], tmp_path / "c", val_fraction=0.1, seed=8)
+    assert all_docs(tmp_path / "c", "val") != all_docs(tmp_path / "a", "val")
+
+
+def test_filters_do_not_move_documents_between_splits(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl.gz", make_docs(200))
+    run([corpus], tmp_path / "all", val_fraction=0.2)
+    s = run([corpus], tmp_path / "long", val_fraction=0.2, min_bytes=100)
+    assert s["dropped_short"] > 0
+    long_val = all_docs(tmp_path / "long", "val")
+    assert long_val == [d for d in all_docs(tmp_path / "all", "val") if len(d) >= 100]
+
+
+def test_is_val_fraction():
+    hits = sum(is_val(i, 0, 0.01) for i in range(100_000))
+    assert 850 < hits < 1150
+    assert not any(is_val(i, 0, 0.0) for i in range(1000))
+
+
+def test_documents_never_cross_shards(tmp_path):
+    docs = [("x" * n) for n in (30, 50, 40, 10, 120, 5, 60)]  # one longer than a shard
+    corpus = write_corpus(tmp_path / "c.jsonl", docs)
+    summary = run([corpus], tmp_path / "out", val_fraction=0.0, shard_bytes=100)
+    meta = PreparedDataset(tmp_path / "out").meta
+    sizes = [s["bytes"] for s in meta["splits"]["train"]["shards"]]
+    assert sizes == [80, 50, 120, 65]  # 30+50 | 40+10 | 120 alone | 5+60
+    assert summary["splits"]["train"]["shards"] == 4
+    assert all_docs(tmp_path / "out", "train") == [d.encode() for d in docs]
+    split = open_split(tmp_path / "out")
+    assert split.doc_lengths().tolist() == [len(d) for d in docs]
+
+
+def test_max_docs_and_empty_val(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl.gz", ["doc %d" % i for i in range(50)])
+    s = run([corpus], tmp_path / "out", max_docs=10, val_fraction=0.0)
+    assert s["documents_read"] == 10 and s["splits"]["val"] == {"documents": 0, "bytes": 0, "shards": 0}
+    assert len(open_split(tmp_path / "out", "val")) == 0
+
+
+def test_raw_input_with_non_utf8(tmp_path):
+    raw = bytes(range(256)) * 3 + b"\xff\xfe\x00"
+    (tmp_path / "enwik").write_bytes(raw)
+    run([tmp_path / "enwik"], tmp_path / "out", format="raw", raw_doc_bytes=100, val_fraction=0.0)
+    assert b"".join(all_docs(tmp_path / "out", "train")) == raw
+
+
+def test_failure_leaves_nothing_behind(tmp_path):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"text": "a"}\n{"text": \n')
+    with pytest.raises(DataFormatError, match="bad.jsonl:2"):
+        run([corpus], tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+    s = run([corpus], tmp_path / "out", skip_bad_lines=True, val_fraction=0.0)
+    assert s["bad_lines_skipped"] == 1 and s["documents_kept"] == 1
+
+
+def test_nothing_kept_is_an_error(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", ["a", "bb"], field="content")
+    with pytest.raises(ValueError, match="no document kept.*first bad line.*fields present: 'content'"):
+        run([corpus], tmp_path / "out", skip_bad_lines=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_exists_needs_overwrite(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", ["one", "two"])
+    run([corpus], tmp_path / "out")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run([corpus], tmp_path / "out")
+    write_corpus(corpus, ["three"])
+    run([corpus], tmp_path / "out", overwrite=True, val_fraction=0.0)
+    assert all_docs(tmp_path / "out", "train") == [b"three"]
+
+
+def prepared(tmp_path: Path) -> Path:
+    out = tmp_path / "ds"
+    with DatasetWriter(out, shard_bytes=64) as w:
+        for i in range(20):
+            w.add("train", b"document %02d " % i * 2)
+        w.commit({"source": ["test"]})
+    return out
+
+
+def test_truncated_shard_is_reported(tmp_path):
+    out = prepared(tmp_path)
+    path = out / "train" / "bytes_00001.bin"
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(ShardError, match=r"bytes_00001\.bin is \d+ bytes but its index .* expects \d+: the file is truncated"):
+        open_split(out, "train")
+
+
+def test_damaged_datasets_are_reported(tmp_path):
+    out = prepared(tmp_path)
+    (out / "train" / "index_00002.npy").write_bytes((out / "train" / "index_00002.npy").read_bytes()[:40])
+    with pytest.raises(ShardError, match=r"index_00002\.npy cannot be read"):
+        open_split(out, "train")
+    (out / "train" / "index_00002.npy").unlink()
+    with pytest.raises(ShardError, match=r"index_00002\.npy is missing"):
+        open_split(out, "train")
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "version": 99}))
+    with pytest.raises(ShardError, match="format version 99, this learntok reads version 1; upgrade"):
+        open_split(out, "train")
+    (out / "meta.json").unlink()
+    with pytest.raises(ShardError, match="no meta.json"):
+        open_split(out, "train")
+    with pytest.raises(ShardError, match="no such prepared dataset"):
+        open_split(tmp_path / "nowhere", "train")
+
+
+def test_shards_are_memory_mapped(tmp_path):
+    split = open_split(prepared(tmp_path))
+    assert isinstance(split.shards[0].data, np.memmap) and split.shards[0].data.dtype == np.uint8
+    assert bytes(split.doc(19)) == b"document 19 document 19 "
+
+
+def test_command_line(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "code.jsonl.gz", ["import os\n", "print(1)\n"], field="content")
+    out = tmp_path / "shards"
+    assert cli_main(["prepare", str(corpus), "--out", str(out), "--field", "content",
+                     "--val-fraction", "0", "--shard-bytes", "1M"]) == 0
+    printed = capsys.readouterr().out
+    assert "kept 2" in printed and "MB/s" in printed
+    assert all_docs(out, "train") == [b"import os\n", b"print(1)\n"]
+    # Wrong field: one clear line, exit status 1, no traceback.
+    assert cli_main(["prepare", str(corpus), "--out", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "code.jsonl.gz:1: no field 'text'" in err and "'content'" in err and "Traceback" not in err
