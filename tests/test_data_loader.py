@@ -36,6 +36,11 @@ def row_ids(batch: Batch) -> list[int]:
     return [(int(r[1]) - 65) * 26 + int(r[2]) - 65 for r in batch.inputs]
 
 
+def ids_of(batches) -> list[int]:
+    """Document numbers of all rows of several batches, in order."""
+    return [i for b in batches for i in row_ids(b)]
+
+
 def test_paper_mode_worked_example(tmp_path):
     path = dataset(tmp_path, [b"abcdefgh", b"xy", b"0123456789"])
     loader = ShardedBatches(path, seq_len=4, batch_size=2, mode="paper", shuffle=False)
@@ -69,6 +74,15 @@ def test_packed_mode_worked_example(tmp_path):
     ]
 
 
+def test_packed_window_starting_on_a_separator(tmp_path):
+    path = dataset(tmp_path, [b"abc", b"de", b"fghij"])
+    b = ShardedBatches(path, seq_len=3, batch_size=2, mode="packed", shuffle=False).next_batch()
+    # Window 1 is stream items 3..5 = (separator, d, e): the window's BOS, then document 1's own BOS.
+    assert b.inputs[1].tolist() == [BOS, BOS, ord("d")]
+    assert b.targets[1].tolist() == [PAD, *b"de"]
+    assert b.doc_start[1].tolist() == [False, True, False]
+
+
 def test_packed_mode_pads_the_last_window(tmp_path):
     path = dataset(tmp_path, [b"abc", b"de", b"fghij"])
     loader = ShardedBatches(path, seq_len=5, batch_size=3, mode="packed", shuffle=False)
@@ -95,7 +109,7 @@ def test_packed_mode_predicts_every_byte_once(tmp_path):
 
 def resume_case(tmp_path):
     path = dataset(tmp_path, numbered_docs(10))
-    make = lambda: ShardedBatches(path, seq_len=8, batch_size=4, mode="paper", seed=5)  # noqa: E731
+    make = lambda: ShardedBatches(path, seq_len=8, batch_size=4, mode="paper", seed=5)
     return make
 
 
@@ -127,7 +141,7 @@ def test_each_epoch_sees_each_sequence_once(tmp_path):
 
 def test_seed_changes_order(tmp_path):
     path = dataset(tmp_path, numbered_docs(30))
-    order = lambda seed: row_ids(ShardedBatches(path, 8, 30, seed=seed).next_batch())  # noqa: E731
+    order = lambda seed: row_ids(ShardedBatches(path, 8, 30, seed=seed).next_batch())
     assert order(1) == order(1) and order(1) != order(2)
     assert row_ids(ShardedBatches(path, 8, 30, shuffle=False).next_batch()) == list(range(30))
 
@@ -153,8 +167,7 @@ def test_ranks_split_the_global_batch(tmp_path, mode):
         assert torch.equal(torch.cat([p.inputs for p in parts]), whole.inputs)
         assert torch.equal(torch.cat([p.targets for p in parts]), whole.targets)
         if mode == "paper" and step < 3:  # 18 of 23 sequences: inside epoch 0
-            ids = [row_ids(p) for p in parts]
-            assert len(set(sum(ids, []))) == world * per_rank  # disjoint
+            assert len(set(ids_of(parts))) == world * per_rank  # disjoint
     assert all(r.state_dict() == single.state_dict() for r in ranks)
 
 
@@ -176,15 +189,15 @@ def test_val_batches_are_fixed_and_leave_training_alone(tmp_path):
     before = loader.state_dict()
     batches = list(loader.val_batches(7))
     assert [len(b.inputs) for b in batches] == [4, 3]
-    assert sum((row_ids(b) for b in batches), []) == list(range(7))
+    assert ids_of(batches) == list(range(7))
     assert loader.state_dict() == before
-    assert sum((row_ids(b) for b in loader.val_batches(7, batch_size=7)), []) == list(range(7))
+    assert ids_of(loader.val_batches(7, batch_size=7)) == list(range(7))
     assert sum(len(b.inputs) for b in loader.val_batches(1000)) == 10  # capped at the split's size
-    shares = [sum((row_ids(b) for b in ShardedBatches(path, 8, 4, rank=r, world_size=3)
-                   .val_batches(7, distributed=True)), []) for r in range(3)]
+    shares = [ids_of(ShardedBatches(path, 8, 4, rank=r, world_size=3).val_batches(7, distributed=True))
+              for r in range(3)]
     assert shares == [[0, 1, 2], [3, 4], [5, 6]]
     val = ShardedBatches(path, 8, 4, split="val")
-    assert sum((row_ids(b) for b in val.val_batches()), []) == [0, 1]
+    assert ids_of(val.val_batches()) == [0, 1]
 
 
 def test_iterator_protocol(tmp_path):
@@ -201,5 +214,5 @@ def test_open_prepared_for_the_trainer(tmp_path):
                           train=SimpleNamespace(seq_len=8, batch_size=2, seed=0, eval_batches=3))
     data = open_prepared(cfg, rank=1, world_size=2)
     assert isinstance(data.train, ShardedBatches) and data.train.rank == 1
-    assert [len(b.inputs) for b in data.val] == [2, 1]  # val split: 2 docs of 12 bytes + separator = 25 items
+    assert [len(b.inputs) for b in data.val] == [2, 2]  # val: 2 docs of 12 bytes + separator = 4 windows of 8
     assert "packed mode" in data.description

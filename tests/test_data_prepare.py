@@ -99,7 +99,7 @@ def test_documents_never_cross_shards(tmp_path):
 
 
 def test_max_docs_and_empty_val(tmp_path):
-    corpus = write_corpus(tmp_path / "c.jsonl.gz", ["doc %d" % i for i in range(50)])
+    corpus = write_corpus(tmp_path / "c.jsonl.gz", [f"doc {i}" for i in range(50)])
     s = run([corpus], tmp_path / "out", max_docs=10, val_fraction=0.0)
     assert s["documents_read"] == 10 and s["splits"]["val"] == {"documents": 0, "bytes": 0, "shards": 0}
     assert len(open_split(tmp_path / "out", "val")) == 0

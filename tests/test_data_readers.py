@@ -145,6 +145,8 @@ def test_detect_format(tmp_path):
     (tmp_path / "saved" / "dataset_dict.json").write_text("{}")
     assert detect_format(tmp_path / "saved") == "hf"
     assert detect_format("HuggingFaceFW/fineweb") == "hf"
+    with pytest.raises(FileNotFoundError, match="--format hf"):
+        detect_format("mistyped_folder")
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         detect_format(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="unknown format"):

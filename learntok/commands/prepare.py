@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     except (DataFormatError, FileNotFoundError, FileExistsError, ImportError, ValueError) as e:
         # Expected failures (bad input, wrong options): one clear line, no traceback.
         print(f"learntok prepare: error: {e}", file=sys.stderr)
-        if isinstance(e, DataFormatError) and not args.skip_bad_lines:
+        # Only for malformed lines: for a wrong field, skipping would skip every record.
+        if isinstance(e, DataFormatError) and "invalid JSON" in str(e) and not args.skip_bad_lines:
             print("(pass --skip-bad-lines to skip and count malformed records)", file=sys.stderr)
         return 1
     if not args.quiet:

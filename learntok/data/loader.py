@@ -8,16 +8,18 @@ Two ways to turn documents into sequences of `seq_len` (L) predicted bytes:
   items [kL, (k+1)L) (PAD past the end). Every byte is predicted exactly once and nothing is discarded.
   The BOS that opens a window is the document's own BOS when the window starts on a document, otherwise
   a "window start" marker (the first bytes of a continued document are predicted without their
-  context, as in any chunking). `doc_start` is True at every input position holding the BOS of a
-  document that starts there. Targets that would be a BOS (predicting where a document ends, which
-  crosses into the next document) are PAD, so every loss and bits-per-byte stays a per-byte measure.
+  context, as in any chunking; a window that starts on a separator opens with two BOS). `doc_start` is
+  True at every input position holding the BOS of a document that starts there. Targets that would be a
+  BOS (predicting where a document ends, which crosses into the next document) are PAD, so every loss
+  and bits-per-byte stays a per-byte measure.
 
 Order: sequence ids are drawn epoch after epoch from a permutation given by (seed, epoch) with numpy's
 Generator. A global batch is the next `world_size * batch_size` ids of that endless stream (an epoch's
 last batch continues into the next epoch, nothing is dropped); rank r takes the r-th block of
 `batch_size`. Ranks thus hold disjoint positions of the stream; the same sequence can recur within a
-batch only when that batch straddles an epoch end. The state is the global position only, identical on every rank, so a checkpoint can be
-resumed with another number of ranks or batch size and still see each sequence once per epoch.
+batch only when that batch straddles an epoch end. The state is the global position only, identical on
+every rank, so a checkpoint can be resumed with another number of ranks or batch size and still see
+each sequence once per epoch.
 """
 
 from __future__ import annotations
@@ -63,13 +65,13 @@ class _PackedSequences:
 
     def __init__(self, split: Split, seq_len: int):
         lengths = split.doc_lengths()
+        if len(lengths) == 0:
+            raise ValueError(f"{split.root / split.name}: the split holds no documents")
         self.split, self.seq_len, self.dropped_short = split, seq_len, 0
         self.lengths = lengths
         # starts[i]: stream position of document i's first byte (one separator before each but the first).
-        self.starts = np.concatenate([[0], np.cumsum(lengths[:-1] + 1)]).astype(np.int64) if len(lengths) else lengths
-        self.total = int(lengths.sum() + max(len(lengths) - 1, 0))
-        if self.total == 0:
-            raise ValueError(f"{split.root / split.name}: the split holds no bytes")
+        self.starts = np.concatenate([[0], np.cumsum(lengths[:-1] + 1)]).astype(np.int64)
+        self.total = int(lengths.sum() + len(lengths) - 1)
         self.num_windows = -(-self.total // seq_len)
 
     def __len__(self) -> int:

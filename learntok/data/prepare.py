@@ -8,14 +8,14 @@ the documents it keeps from one split to the other.
 
 from __future__ import annotations
 
-import time
 import dataclasses
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .readers import ReadStats, iter_documents
+from .readers import ReadStats, detect_format, iter_documents
 from .shards import DEFAULT_SHARD_BYTES, DatasetWriter
 
 _MASK64 = (1 << 64) - 1
@@ -66,6 +66,11 @@ def _check(opts: PrepareOptions) -> None:
         raise ValueError(f"--min-bytes must be >= 0, got {opts.min_bytes}")
     if opts.max_docs is not None and opts.max_docs <= 0:
         raise ValueError(f"--max-docs must be positive, got {opts.max_docs}")
+    for item in opts.inputs:  # fail on a mistyped path before creating anything
+        if opts.format == "auto":
+            detect_format(item)
+        elif opts.format != "hf" and not Path(item).exists():
+            raise FileNotFoundError(f"{item}: no such file or folder")
 
 
 def prepare(opts: PrepareOptions) -> dict[str, Any]:
@@ -170,11 +175,11 @@ def _meta(opts: PrepareOptions, counts: dict) -> dict[str, Any]:
 
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as a few human-readable lines."""
-    mb = lambda n: f"{n / 1e6:,.2f} MB"  # noqa: E731
+    mb = lambda n: f"{n / 1e6:,.2f} MB"
     lines = [
         f"read {s['documents_read']:,} documents ({mb(s['bytes_read'])}) from {len(s['inputs'])} input(s)",
-        f"kept {s['documents_kept']:,}; dropped {s['dropped_empty']:,} empty, {s['dropped_short']:,} "
-        f"shorter than {s['min_bytes']} bytes; bad lines skipped: {s['bad_lines_skipped']:,}",
+        (f"kept {s['documents_kept']:,}; dropped {s['dropped_empty']:,} empty, {s['dropped_short']:,} "
+         f"shorter than {s['min_bytes']} bytes; bad lines skipped: {s['bad_lines_skipped']:,}"),
     ]
     if s["first_bad_line"]:
         lines.append(f"first bad line: {s['first_bad_line']}")

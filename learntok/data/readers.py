@@ -23,7 +23,8 @@ import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ _JSONL_SUFFIXES = (".jsonl.gz", ".json.gz", ".ndjson.gz", ".jsonl", ".json", ".n
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 # Files written by `datasets.save_to_disk` that mark a folder as a saved dataset.
 _HF_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")
-# A hub id such as `HuggingFaceFW/fineweb` or `wikitext`: used only when no such path exists.
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# A hub id `owner/name` (`HuggingFaceFW/fineweb`), guessed only when no such path exists; a one-word
+# name is more likely a mistyped path, so it needs an explicit --format hf.
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class DataFormatError(ValueError):

@@ -153,7 +153,7 @@ class DatasetWriter:
                 w._file.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def __enter__(self) -> "DatasetWriter":
+    def __enter__(self) -> DatasetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
