@@ -35,6 +35,10 @@ class BoundaryInput:
     # (B, T) bool: decisions to take instead of sampling (exact enumeration in tests, scoring a given
     # segmentation). Strategies that sample honour it; forced positions stay forced.
     prescribed: torch.Tensor | None = None
+    # (B, T) float in [0, 1): the uniforms a sampling strategy turns into decisions, instead of drawing
+    # them from `generator`. Per-row seeds make a row's boundaries independent of how it is batched.
+    uniforms: torch.Tensor | None = None
+    early_logits: torch.Tensor | None = None  # (B, T, V) early-exit logits (entropy-based strategies)
 
 
 @dataclass

@@ -68,7 +68,7 @@ class LearnedPolicy(BoundaryStrategy):
 
     @torch.no_grad()
     def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None) -> torch.Tensor:
-        u = torch.rand(base.shape, generator=inp.generator, device=base.device)
+        u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator, device=base.device)
         threshold = thresholds_from_uniforms(u, cap)
         threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
         return scan_boundaries(base.detach(), lag.detach(), threshold)

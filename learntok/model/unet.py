@@ -78,10 +78,11 @@ class ByteUNet(nn.Module):
 
     def forward(self, inputs: torch.Tensor, *, doc_start: torch.Tensor | None = None,
                 supplied: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                prescribed: torch.Tensor | None = None) -> UNetOutput:
+                prescribed: torch.Tensor | None = None, uniforms: torch.Tensor | None = None) -> UNetOutput:
         """inputs (B, T) bytes with BOS first; `doc_start` (B, T) bool forces boundaries (packed data);
         `supplied` (B, T) bool boundaries for strategies that take them from the data; `generator`
-        seeds sampling strategies; `prescribed` (B, T) bool replaces a sampling strategy's draws."""
+        seeds sampling strategies; `prescribed` (B, T) bool replaces a sampling strategy's draws;
+        `uniforms` (B, T) replaces the random numbers it draws (per-row seeding for evaluation)."""
         B, T = inputs.shape
         positions = torch.arange(T, device=inputs.device).expand(B, T)
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C), Gemma's embedding scale
@@ -93,7 +94,8 @@ class ByteUNet(nn.Module):
         if doc_start is not None:
             forced |= doc_start
         valid = inputs != PAD
-        bnd = self.boundaries(BoundaryInput(hidden, inputs, valid, forced, supplied, generator, prescribed))
+        bnd = self.boundaries(BoundaryInput(hidden, inputs, valid, forced, supplied, generator, prescribed, uniforms,
+                                            early_logits))
 
         tok_pos, tok_valid = resample.boundary_positions(bnd.a, self.cfg.token_multiple)  # (B, M)
         tokens = self.boundaries.pool(hidden, bnd, tok_pos)  # (B, M, C)
@@ -104,13 +106,13 @@ class ByteUNet(nn.Module):
 
     # --- objective -------------------------------------------------------------------------------
 
-    def loss(self, batch: Batch, generator: torch.Generator | None = None,
-             prescribed: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, UNetOutput]:
+    def loss(self, batch: Batch, generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
+             uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, UNetOutput]:
         """L = L_auto + lambda_early L_early + the strategy's weighted losses (paper eq. 27).
 
         Returns (loss, metrics, output); metrics are detached 0-d tensors (no host sync here)."""
         out = self(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=generator,
-                   prescribed=prescribed)
+                   prescribed=prescribed, uniforms=uniforms)
         valid = batch.valid
         logp = target_log_probs(out.logits, batch.targets)
         logp_early = target_log_probs(out.early_logits, batch.targets)
