@@ -268,3 +268,44 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
     if cfg.data.mode not in ("paper", "packed"):
         raise ConfigError(f"data.mode={cfg.data.mode!r}: use paper or packed")
+
+
+def config_reference() -> str:
+    """Markdown tables of every config field with its default and comment, read from this file's source
+    so that the README can never drift from the code (`python -m learntok.config`)."""
+    import inspect
+    import re
+
+    lines = []
+    for section, cls in (("model", ModelConfig), ("boundaries", BoundaryConfig), ("train", TrainConfig), ("data", DataConfig)):
+        lines += [f"### `{section}`: {inspect.getdoc(cls).splitlines()[0]}", "", "| key | default | meaning |", "|---|---|---|"]
+        for src in inspect.getsource(cls).splitlines():
+            m = re.match(r"^\s{4}(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", src)
+            if m:
+                name, default, comment = m.groups()
+                meaning = (comment or "").replace("|", "\\|")  # a bare | would split the table cell
+                lines.append(f"| `{section}.{name}` | `{default}` | {meaning} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+README_MARKERS = ("<!-- config-reference:start -->", "<!-- config-reference:end -->")
+
+
+def update_readme(path: str | Path) -> None:
+    """Rewrite the configuration reference between the README's markers."""
+    path = Path(path)
+    text = path.read_text()
+    start, end = README_MARKERS
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{config_reference()}{end}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--readme"]:
+        update_readme(sys.argv[2])
+    else:
+        print(config_reference())

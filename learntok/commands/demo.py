@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..analysis import Alignment, whitespace_alignment
     from ..data.batch import PAD
+    from ..data.demo import build_demo_corpus, showcase_paragraph
     from ..config import load_config
     from ..display import legend, render, segment, use_colour
     from ..train.trainer import Trainer, evaluate
@@ -64,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"boundaries on whitespace  precision {align.precision:.3f}, recall {align.recall:.3f}  "
           f"(whitespace is {align.whitespace_share:.3f} of the bytes: the precision of blind placement)")
 
-    text = trainer.data.val[0].inputs[0, 1:].numpy().tobytes()
-    text = text[:400].decode("utf-8", errors="ignore")
+    text = showcase_paragraph(build_demo_corpus(cfg.data.val_fraction).val)
     colour = use_colour()
     print(f"\nlearned tokens of held-out text {legend(colour)}:\n")
     print(render(segment(model, text, seed=0), colour))

@@ -140,3 +140,14 @@ def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:
     rows = np.stack([data[s:s + seq_len] for s in starts]).astype(np.int64)
     seqs = torch.from_numpy(np.concatenate([np.full((len(starts), 1), BOS), rows], axis=1))
     return Batch.from_sequences(seqs)
+
+
+def showcase_paragraph(stream: bytes, min_bytes: int = 200, max_bytes: int = 900) -> str:
+    """The held-out paragraph that is most plainly prose (largest share of letters and spaces), for
+    showing a segmentation; deterministic for a given stream."""
+    def prose_share(p: bytes) -> float:
+        text = p.decode("utf-8", errors="ignore")
+        return sum(ch.isalpha() or ch == " " for ch in text) / max(1, len(text))
+
+    paragraphs = [p for p in stream.split(b"\n\n") if min_bytes <= len(p) <= max_bytes] or [stream[:max_bytes]]
+    return max(paragraphs, key=prose_share).decode("utf-8", errors="ignore")
