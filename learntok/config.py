@@ -54,6 +54,21 @@ class BoundaryConfig:
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
     lambda_early: float = 1e-1  # weight of the early-exit loss
+    # --- entropy patching (BLT, Pagnoni et al. 2024), boundaries/entropy.py ---
+    entropy_mode: str = "global"  # global: a_i = [H_i > theta]; monotonic: a_i = [H_i - H_{i-1} > theta]
+    entropy_source: str = "early"  # early: entropy of the early-exit head; own: of a small byte LM of its own
+    entropy_momentum: float = 0.05  # EMA weight of each training batch's rate quantile in the threshold
+    entropy_model_dim: int = 64  # own entropy model: width
+    entropy_model_layers: int = 1  # own entropy model: sliding-window blocks
+    entropy_model_lambda: float = 0.1  # own entropy model: weight of its next-byte loss
+    # --- dynamic pooling (Nawrot et al. 2023), boundaries/dynamic_pooling.py ---
+    dp_temperature: float = 0.5  # Gumbel-sigmoid (relaxed Bernoulli) temperature
+    dp_hidden_mult: float = 1.0  # boundary-predictor MLP hidden = dp_hidden_mult * d_model
+    dp_lambda_prior: float = 1.0  # weight of the binomial-prior loss
+    # --- H-Net dynamic chunking (Hwang et al. 2025), boundaries/hnet.py ---
+    hnet_lambda_ratio: float = 0.03  # weight of the ratio loss
+    # --- BPE guidance (paper §4.3), boundaries/bpe.py ---
+    bpe_max_vocab: int = 65536  # demo corpus only: largest vocabulary tried when fitting BPE to target_rate
 
 
 @dataclass

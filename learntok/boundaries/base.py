@@ -9,6 +9,11 @@ Conventions: `a[b, i] = True` means a token ends at byte i, so the token built a
 prediction made at position i (of byte i + 1) and later. `a[:, 0]` is always True (BOS is its own
 token). A strategy may only use bytes `<= i` (and decisions `< i`) to decide `a_i`; the perturbation
 tests in `tests/test_causality.py` check this for every registered strategy.
+
+Generation (optional): a strategy that can decide boundaries one byte at a time implements
+`allocate_inference_cache` and `step`, and, if it overrides `pool`/`unpool`, also `pool_step`/`unpool_step`.
+`step` must make the decision `forward` would make at that position given the same uniforms (or
+`prescribed` decisions): `tests/test_generation.py` checks cached generation against full forward passes.
 """
 
 from __future__ import annotations
@@ -51,6 +56,29 @@ class Boundaries:
 
 
 @dataclass
+class BoundaryStepInput:
+    """What a strategy may look at to decide the boundary of one new byte, position j (generation)."""
+
+    hidden: torch.Tensor  # (B, C) encoder output X_j
+    byte: torch.Tensor  # (B,) the byte x_j (BOS at j = 0)
+    position: int  # j, the same for every row
+    forced: torch.Tensor  # (B,) bool: must be a boundary (j = 0)
+    generator: torch.Generator | None = None
+    prescribed: torch.Tensor | None = None  # (B,) bool decision to take instead of sampling
+    uniforms: torch.Tensor | None = None  # (B,) float in [0, 1): the draw a sampling strategy uses
+    early_logits: torch.Tensor | None = None  # (B, V) early-exit logits at j
+
+
+@dataclass
+class BoundaryStep:
+    """A strategy's decision at one byte. Tensors are (B,)."""
+
+    a: torch.Tensor  # bool: a token ends at this byte (True where forced)
+    probs: torch.Tensor | None = None  # P(a_j = 1) where the strategy has one
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
 class LossInputs:
     """What the model gives a strategy's `losses()`: per-position log-likelihoods of the targets."""
 
@@ -90,6 +118,32 @@ class BoundaryStrategy(nn.Module):
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         """Extra per-step metrics (detached scalars); logged at log steps only."""
         return {}
+
+    # --- incremental inference (generation) ------------------------------------------------------
+    # The U-Net calls, for each new byte j: `step` (decide a_j from X_j and the strategy's own state),
+    # `pool_step` (the vector that enters the token level if a_j), then, after the token level,
+    # `unpool_step` (byte j's decoder input from X_j and the output of the latest token, c(j)).
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> object:
+        """The state `step` keeps between bytes for `batch_size` rows of at most `max_len` positions (BOS
+        included); None if it keeps none. Strategies without `step` raise NotImplementedError here."""
+        raise NotImplementedError(f"boundary strategy {self.name!r} does not support incremental generation yet: "
+                                  f"implement allocate_inference_cache() and step() (see boundaries/base.py)")
+
+    def step(self, inp: BoundaryStepInput, cache: object) -> BoundaryStep:
+        """Decide a_j for one new byte j (the decision `forward` makes at j given the same history and
+        the same uniform), and update `cache`."""
+        raise NotImplementedError(f"boundary strategy {self.name!r} does not support incremental generation yet")
+
+    def pool_step(self, hidden: torch.Tensor, bnd: BoundaryStep, cache: object) -> torch.Tensor:
+        """The token-level input made at byte j, (B, C); read only in rows where `bnd.a`. Called at every
+        byte, so a pooling with running state can update it. Default: X_j (paper eq. 7)."""
+        return hidden
+
+    def unpool_step(self, hidden: torch.Tensor, token: torch.Tensor, bnd: BoundaryStep, cache: object) -> torch.Tensor:
+        """Byte j's decoder input from X_j (B, C) and the token-level output of token c(j) (B, C), which
+        is new at this byte where `bnd.a`. Default: X_j + Y'_{c(j)} (paper eq. 9)."""
+        return hidden + token
 
     def n_matrix_params(self) -> int:
         """Byte-level matrix parameters this strategy adds (FLOPs accounting, paper §4.2)."""

@@ -29,7 +29,7 @@ from ..config import BoundaryConfig
 from ..kernels.scan import scan_boundaries, thresholds_from_uniforms
 from ..model.layers import softcap
 from ..objectives import binary_entropy_from_logits, masked_mean, policy_losses
-from .base import Boundaries, BoundaryInput, BoundaryStrategy, LossInputs
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
 
 
 def lagged(a: torch.Tensor, w: int) -> torch.Tensor:
@@ -72,6 +72,31 @@ class LearnedPolicy(BoundaryStrategy):
         threshold = thresholds_from_uniforms(u, cap)
         threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
         return scan_boundaries(base.detach(), lag.detach(), threshold)
+
+    # --- generation: one decision per new byte, the scan's arithmetic -----------------------------
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
+        """The last w decisions, (B, w) bool: [:, j - 1] = a_{i-j}."""
+        return torch.zeros(batch_size, self.lags, dtype=torch.bool, device=device)
+
+    def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
+        base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)
+        cap = self.cfg.softcap if self.training else None
+        if inp.prescribed is not None:
+            a = inp.prescribed.bool() | inp.forced
+        else:
+            # the same float32 additions in the same order as `scan_boundaries`, against the same threshold
+            acc = base
+            for j in range(self.lags):
+                acc = torch.where(history[:, j], acc + lag[:, j], acc)
+            u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator,
+                                                                         device=base.device)
+            a = (acc > thresholds_from_uniforms(u, cap)) | inp.forced
+        # the logit as `forward` recomputes it from the executed history
+        l_scaled = base + (history.to(lag.dtype) * lag).sum(-1) if self.lags else base
+        logits = softcap(l_scaled, cap)
+        history.copy_(torch.cat([a[:, None], history[:, :-1]], dim=1) if self.lags else history)
+        return BoundaryStep(a=a, probs=torch.sigmoid(logits), extras={"logits": logits})
 
     def _decide(self, inp: LossInputs) -> torch.Tensor:
         return inp.valid & ~inp.forced

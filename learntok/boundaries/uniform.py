@@ -4,13 +4,17 @@
 Boundary k sits at floor(k * N / K) for k = 0 .. K-1, K = round(N * target): spacings differ by at
 most one byte. Depends only on N, so it is trivially causal. Padding positions never hold a boundary,
 so a shorter row has fewer tokens; document starts (packed mode) are forced on top.
+
+Generation: the pattern depends on the sequence length, so a generation of at most `max_len` positions
+(BOS + prompt + byte budget) uses the pattern of `max_len` bytes throughout; a full forward pass over the
+prefix padded to `max_len` draws the same boundaries.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .base import Boundaries, BoundaryInput, BoundaryStrategy
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy
 
 
 def uniform_boundaries(n: int, rate: float, device=None) -> torch.Tensor:
@@ -29,3 +33,13 @@ class Uniform(BoundaryStrategy):
         a = uniform_boundaries(T, self.cfg.target_rate, inp.inputs.device).expand(B, T)
         a = (a & inp.valid) | inp.forced
         return Boundaries(a=a, probs=a.float())
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
+        """The whole pattern of a sequence of `max_len` positions, (max_len,) bool."""
+        return uniform_boundaries(max_len, self.cfg.target_rate, device)
+
+    def step(self, inp: BoundaryStepInput, pattern: torch.Tensor) -> BoundaryStep:
+        if inp.position >= len(pattern):
+            raise IndexError(f"position {inp.position} beyond the {len(pattern)} positions the cache was allocated for")
+        a = pattern[inp.position].expand(inp.forced.shape) | inp.forced
+        return BoundaryStep(a=a, probs=a.float())

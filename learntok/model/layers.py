@@ -5,6 +5,7 @@ full causal attention over tokens."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +105,32 @@ def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
     return _attend(q, k, v, mask, cap)
 
 
+@dataclass
+class KVCache:
+    """Keys (RoPE applied) and values of one attention layer for incremental inference, (B, H, S, hd).
+    A sliding-window layer keeps S = window slots as a ring (position p lives in slot p % S); a
+    full-attention layer keeps one slot per position, in order."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def write_prompt(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store positions 0..T-1 of a prompt, (B, H, T, hd): the last min(T, S) of them, in slots p % S."""
+        S, T = self.k.shape[2], k.shape[2]
+        start = max(0, T - S)
+        slots = torch.arange(start, T, device=k.device) % S
+        self.k[:, :, slots] = k[:, :, start:].to(self.k.dtype)
+        self.v[:, :, slots] = v[:, :, start:].to(self.v.dtype)
+
+
+@dataclass
+class StackCache:
+    """The caches of a `Stack`, one per block, and how many positions each row has stored."""
+
+    layers: list[KVCache]
+    length: torch.Tensor  # (B,) int64: positions stored so far (tokens differ per row; bytes do not)
+
+
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, window: int | None, cap: float | None):
         super().__init__()
@@ -114,15 +141,44 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v (B, H, T, hd) with RoPE applied to q and k."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.project(x, cos, sin)
         if self.window is None:
             y = causal_attention(q, k, v, self.cap)
         else:
             y = sliding_window_attention(q, k, v, self.window, self.cap)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+    # --- incremental inference: `prefill` is `forward` that also fills the cache, `step` adds one position
+
+    def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache") -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.project(x, cos, sin)
+        cache.write_prompt(k, v)
+        if self.window is None:
+            y = causal_attention(q, k, v, self.cap)
+        else:
+            y = sliding_window_attention(q, k, v, self.window, self.cap)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", slot: torch.Tensor,
+             visible: torch.Tensor) -> torch.Tensor:
+        """x (B, 1, C) at one new position per row: its key and value go to cache slot `slot` (B,), then
+        its query attends every cache slot marked in `visible` (B, S), itself included."""
+        B, _, C = x.shape
+        q, k, v = self.project(x, cos, sin)  # (B, H, 1, hd)
+        rows = torch.arange(B, device=x.device)
+        cache.k[rows, :, slot] = k[:, :, 0]
+        cache.v[rows, :, slot] = v[:, :, 0]
+        y = _attend(q, cache.k, cache.v, visible[:, None, None, :], self.cap)  # (B, H, 1, hd)
+        return self.out(y.transpose(1, 2).reshape(B, 1, C))
 
 
 class GeGLU(nn.Module):
@@ -152,6 +208,15 @@ class Block(nn.Module):
         x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), cos, sin))
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
+    def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        x = x + self.post_attn_norm(self.attn.prefill(self.pre_attn_norm(x), cos, sin, cache))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, slot: torch.Tensor,
+             visible: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attn_norm(self.attn.step(self.pre_attn_norm(x), cos, sin, cache, slot, visible))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
 
 class Stack(nn.Module):
     """Blocks that share one attention pattern and one set of RoPE positions."""
@@ -173,3 +238,40 @@ class Stack(nn.Module):
     def n_matrix_params(self) -> int:
         """Parameters of the weight matrices (norm gains excluded), for FLOPs accounting."""
         return sum(p.numel() for p in self.parameters() if p.dim() >= 2)
+
+    # --- incremental inference (H-Net's pattern: allocate a cache, `prefill` a prompt, `step` one more)
+
+    def allocate_inference_cache(self, batch_size: int, max_positions: int, device=None,
+                                 dtype: torch.dtype = torch.float32) -> StackCache:
+        """Room for `max_positions` positions per row; a sliding-window stack needs only its window."""
+        window = self.blocks[0].attn.window if len(self.blocks) else None
+        S = max_positions if window is None else min(window, max_positions)
+        H = self.blocks[0].attn.n_heads if len(self.blocks) else 1
+        shape = (batch_size, H, S, self.head_dim)
+        layers = [KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+                  for _ in self.blocks]
+        return StackCache(layers, torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def prefill(self, x: torch.Tensor, positions: torch.Tensor, cache: StackCache,
+                lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward` over a prompt x (B, T, C) that also stores its keys and values. `lengths` (B,): real
+        positions per row when rows are padded at the end (token level); default T."""
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        for block, layer_cache in zip(self.blocks, cache.layers):
+            x = block.prefill(x, cos, sin, layer_cache)
+        B, T, _ = x.shape
+        cache.length = lengths.clone() if lengths is not None else torch.full((B,), T, dtype=torch.long, device=x.device)
+        return x
+
+    def step(self, x: torch.Tensor, positions: torch.Tensor, cache: StackCache,
+             commit: torch.Tensor | None = None) -> torch.Tensor:
+        """One new position per row: x (B, 1, C) at `positions` (B, 1). Rows where `commit` (B,) bool is
+        False compute an output but do not keep the position: the slot they wrote is overwritten next."""
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        S = cache.layers[0].k.shape[2] if cache.layers else 1
+        slot = cache.length % S  # the ring of a sliding window; in order for full attention
+        visible = torch.arange(S, device=x.device)[None, :] <= cache.length[:, None]  # (B, S), the new slot included
+        for block, layer_cache in zip(self.blocks, cache.layers):
+            x = block.step(x, cos, sin, layer_cache, slot, visible)
+        cache.length = cache.length + (1 if commit is None else commit.long())
+        return x

@@ -7,6 +7,11 @@
 
 The model knows nothing about how boundaries are chosen: `self.boundaries` is any
 `BoundaryStrategy`. `forward` returns every intermediate a loss, a metric or a display needs.
+
+Generation follows H-Net's pattern: `allocate_inference_cache`, `prefill` (the prompt, batched), `step`
+(one more byte, O(window + tokens)). At byte j: encoder step -> X_j; the strategy decides a_j from X_j
+and its own state; if a_j, a token enters the mid stack (one step of the token-level cache); byte j's
+decoder input adds the output of the latest token; decoder step -> the logits of byte j + 1.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..boundaries import Boundaries, BoundaryInput, LossInputs, build_strategy
+from ..boundaries.base import BoundaryStep, BoundaryStepInput
 from ..config import BoundaryConfig, ModelConfig
 from ..data.batch import PAD, VOCAB_SIZE, Batch
 from ..objectives import LN2, masked_mean
 from . import resample
-from .layers import RMSNorm, Stack, softcap
+from .layers import RMSNorm, Stack, StackCache, softcap
 
 
 @dataclass
@@ -35,6 +41,28 @@ class UNetOutput:
     tok_pos: torch.Tensor  # (B, M) byte position of each token (padded slots point at T - 1)
     tok_valid: torch.Tensor  # (B, M) bool: real tokens
     forced: torch.Tensor  # (B, T) bool: boundaries that were not the strategy's choice
+
+
+@dataclass
+class InferenceCache:
+    """Everything `ByteUNet.step` carries from one byte to the next, for B rows generated in lockstep."""
+
+    encoder: StackCache  # the last `window` keys/values per encoder layer
+    mid: StackCache  # every token's keys/values per mid layer (tokens per row differ)
+    decoder: StackCache  # the last `window` keys/values per decoder layer
+    boundaries: object  # the strategy's own state (e.g. the last w decisions)
+    token: torch.Tensor  # (B, C) mid output of each row's latest token, what upsample adds
+    position: int  # the position of the next byte
+    max_len: int  # positions the cache has room for (BOS + prompt + budget)
+
+
+@dataclass
+class StepOutput:
+    """Outputs at the T positions of a `prefill` (T = prompt length) or of a `step` (T = 1)."""
+
+    logits: torch.Tensor  # (B, T, V) next-byte logits
+    a: torch.Tensor  # (B, T) bool boundaries
+    probs: torch.Tensor | None  # (B, T) P(a = 1), if the strategy has one
 
 
 class Head(nn.Module):
@@ -136,6 +164,115 @@ class ByteUNet(nn.Module):
         metrics.update({f"loss_{k}": v.detach() for k, (_, v) in aux.items()})
         metrics.update(self.boundaries.metrics(out.boundaries, loss_inputs))
         return loss, metrics, out
+
+    # --- incremental inference -------------------------------------------------------------------
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int) -> InferenceCache:
+        """Caches for `batch_size` rows of at most `max_len` positions (BOS + prompt + bytes to generate)."""
+        p = next(self.parameters())
+        return InferenceCache(
+            encoder=self.encoder.allocate_inference_cache(batch_size, max_len, p.device, p.dtype),
+            mid=self.mid.allocate_inference_cache(batch_size, max_len, p.device, p.dtype),
+            decoder=self.decoder.allocate_inference_cache(batch_size, max_len, p.device, p.dtype),
+            boundaries=self.boundaries.allocate_inference_cache(batch_size, max_len, p.device),
+            token=torch.zeros(batch_size, self.cfg.d_model, device=p.device, dtype=p.dtype),
+            position=0, max_len=max_len)
+
+    def prefill(self, inputs: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
+                prescribed: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:
+        """`forward` over a prompt (B, T) starting with BOS that fills an empty `cache`. The byte and
+        token levels run batched; the strategy decides byte by byte through `step`, so that generation
+        continues from exactly its state. `uniforms`, `prescribed`: (B, T), as in `forward`."""
+        B, T = inputs.shape
+        if cache.position != 0 or T > cache.max_len:
+            raise ValueError(f"prefill needs an empty cache with room for {T} positions (has {cache.max_len})")
+        positions = torch.arange(T, device=inputs.device).expand(B, T)
+        x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C)
+        hidden = self.encoder.prefill(x, positions, cache.encoder)  # X (B, T, C)
+        early_logits = self.early_head(hidden)
+        steps, pooled = [], []
+        for j in range(T):
+            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], j, generator, prescribed, uniforms,
+                                                       early_logits[:, j], column=j), cache.boundaries)
+            steps.append(st)
+            pooled.append(self.boundaries.pool_step(hidden[:, j], st, cache.boundaries))
+        a = torch.stack([st.a for st in steps], dim=1)  # (B, T)
+        tok_pos, tok_valid = resample.boundary_positions(a)  # (B, M)
+        tokens = resample.downsample(torch.stack(pooled, dim=1), tok_pos)  # (B, M, C)
+        tokens = self.mid.prefill(tokens, tok_pos, cache.mid, lengths=tok_valid.sum(1))
+        per_byte = resample.upsample(torch.zeros_like(hidden), tokens, resample.token_index(a))  # (B, T, C): Y'_{c(j)}
+        y = torch.stack([self.boundaries.unpool_step(hidden[:, j], per_byte[:, j], st, cache.boundaries)
+                         for j, st in enumerate(steps)], dim=1)  # (B, T, C)
+        y = self.decoder.prefill(y, positions, cache.decoder)
+        cache.token = per_byte[:, -1]
+        cache.position = T
+        probs = None if steps[0].probs is None else torch.stack([st.probs for st in steps], dim=1)
+        return StepOutput(self.head(y), a, probs)
+
+    def step(self, byte: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
+             prescribed: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:
+        """Append one byte per row, byte (B,), at position `cache.position`: `prefill` for T = 1, with
+        the token level stepped only in rows where this byte ends a token. `uniforms`, `prescribed`: (B,)."""
+        j = cache.position
+        if j >= cache.max_len:
+            raise ValueError(f"the inference cache has room for {cache.max_len} positions; allocate a larger one")
+        B = byte.shape[0]
+        positions = torch.full((B, 1), j, dtype=torch.long, device=byte.device)
+        x = self.embed(byte[:, None]) * math.sqrt(self.cfg.d_model)  # (B, 1, C)
+        hidden = self.encoder.step(x, positions, cache.encoder)[:, 0]  # X_j (B, C)
+        early_logits = self.early_head(hidden)
+        st = self.boundaries.step(self._step_input(hidden, byte, j, generator, prescribed, uniforms, early_logits),
+                                  cache.boundaries)
+        token = self.boundaries.pool_step(hidden, st, cache.boundaries)  # (B, C)
+        if bool(st.a.any()):
+            token = self.mid.step(token[:, None], positions, cache.mid, commit=st.a)[:, 0]  # RoPE at position j
+            cache.token = torch.where(st.a[:, None], token, cache.token)
+        y = self.boundaries.unpool_step(hidden, cache.token, st, cache.boundaries)
+        y = self.decoder.step(y[:, None], positions, cache.decoder)  # (B, 1, C)
+        cache.position = j + 1
+        return StepOutput(self.head(y), st.a[:, None], None if st.probs is None else st.probs[:, None])
+
+    @staticmethod
+    def _step_input(hidden, byte, j, generator, prescribed, uniforms, early_logits, column=None) -> BoundaryStepInput:
+        pick = (lambda t: t) if column is None else (lambda t: t[:, column])  # noqa: E731
+        return BoundaryStepInput(
+            hidden=hidden, byte=byte, position=j, forced=torch.full_like(byte, j == 0, dtype=torch.bool),
+            generator=generator, prescribed=None if prescribed is None else pick(prescribed),
+            uniforms=None if uniforms is None else pick(uniforms), early_logits=early_logits)
+
+    # --- using a trained model (thin wrappers; the work is in learntok.hub, .display, .generation) --
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo: str, device: str | torch.device = "cpu", **kwargs) -> "ByteUNet":
+        """A model directory (config.json + model.safetensors), a training run or checkpoint directory,
+        or a Hugging Face Hub repo id. In eval mode."""
+        from ..hub import from_pretrained
+        return from_pretrained(path_or_repo, device=device, **kwargs)
+
+    def save_pretrained(self, directory: str, **kwargs):
+        """Write config.json, model.safetensors and a README.md model card to `directory`."""
+        from ..hub import save_pretrained
+        return save_pretrained(self, directory, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload `save_pretrained`'s files to the Hugging Face Hub (needs `pip install learntok[hub]`)."""
+        from ..hub import push_to_hub
+        return push_to_hub(self, repo_id, **kwargs)
+
+    def segment(self, text: str | bytes, seed: int = 0):
+        """The model's tokens of `text`: a `display.Segmentation` (tokens, per-byte boundary probabilities)."""
+        from ..display import segment
+        return segment(self, text, seed=seed)
+
+    def score(self, text: str | bytes, **kwargs) -> float:
+        """Bits per byte of `text` (boundaries sampled, seeded; see `generation.score`)."""
+        from ..generation import score
+        return score(self, text, **kwargs).bpb
+
+    def generate(self, prompt: str | bytes = "", max_bytes: int = 256, **kwargs) -> str:
+        """Sample a continuation of `prompt` (temperature, top_k, top_p, seed: see `generation.generate`)."""
+        from ..generation import generate
+        return generate(self, prompt, max_bytes=max_bytes, **kwargs).text
 
     # --- accounting ------------------------------------------------------------------------------
 

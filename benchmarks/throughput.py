@@ -1,0 +1,131 @@
+"""Training-step throughput of the learned policy against fixed boundaries, side by side in one run.
+
+    python benchmarks/throughput.py                          # CPU default config
+    python benchmarks/throughput.py --config paper_147m_fineweb --device cuda --steps 20 --bf16
+
+Prints a table (it asserts nothing): step time, bytes/s, tokens/s, token padding fraction, model FLOPs
+utilisation (paper §4.2 accounting against --peak-tflops, default 989 bf16 dense for an H100 SXM on
+CUDA, none on CPU), peak memory, and the learned/fixed step-time ratio. `--dense-baseline` adds the
+same model with plain dense-mask attention (the "plain eager implementation" to compare against).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from learntok.config import load_config  # noqa: E402
+from learntok.data.batch import BOS, Batch  # noqa: E402
+from learntok.model import layers  # noqa: E402
+from learntok.model.unet import ByteUNet  # noqa: E402
+
+
+def dense_sliding_window(q, k, v, window, cap):
+    """Reference: the full T x T score matrix with a band mask (all N^2 work)."""
+    T = q.shape[2]
+    i = torch.arange(T, device=q.device)
+    mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+    return layers._attend(q, k, v, mask, cap)
+
+
+def synthetic_batch(batch_size: int, seq_len: int, seed: int = 0) -> Batch:
+    """English-like bytes (letters with spaces) so that learned boundaries are not degenerate."""
+    g = torch.Generator().manual_seed(seed)
+    letters = torch.randint(97, 123, (batch_size, seq_len + 1), generator=g)
+    spaces = torch.rand(batch_size, seq_len + 1, generator=g) < 0.18
+    seq = torch.where(spaces, torch.full_like(letters, 32), letters)
+    seq[:, 0] = BOS
+    return Batch.from_sequences(seq)
+
+
+def measure(cfg, device, steps: int, warmup: int, bf16: bool, compile_model: bool) -> dict:
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries).to(device)
+    if compile_model:
+        model.compile()  # in place: __call__ (and so model.loss) runs the compiled forward
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len).to(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, tokens, slots = [], 0, 0
+    for step in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss, metrics, _ = model.loss(batch, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+            tokens += int(metrics["tokens"])
+            slots += int(metrics["token_slots"])
+    step_time = statistics.median(times)
+    n_bytes = batch.inputs.numel()
+    flops = model.flops(n_bytes, slots // steps)
+    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"step_s": step_time, "bytes_s": n_bytes / step_time, "tokens_s": tokens / steps / step_time,
+            "padding": 1 - tokens / max(slots, 1), "flops_s": flops / step_time, "peak_gib": peak / 2**30}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="cpu_default")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU; on CPU it is ~10x slower)")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: 989 on cuda)")
+    p.add_argument("--fixed", default="uniform", help="the fixed-boundary strategy to compare against")
+    p.add_argument("--dense-baseline", action="store_true", help="also time dense-mask attention")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    peak = args.peak_tflops or (989.0 if device.type == "cuda" else None)
+
+    rows = []
+    for name in ("learned", args.fixed):
+        cfg = load_config(args.config, args.overrides + [f"boundaries.name={name}"])
+        rows.append((name, measure(cfg, device, args.steps, args.warmup, args.bf16, args.compile)))
+    if args.dense_baseline:
+        fast = layers.sliding_window_attention
+        layers.sliding_window_attention = dense_sliding_window
+        try:
+            cfg = load_config(args.config, args.overrides + ["boundaries.name=learned"])
+            rows.append(("learned, dense-mask attention", measure(cfg, device, args.steps, args.warmup, args.bf16, False)))
+        finally:
+            layers.sliding_window_attention = fast
+
+    cfg = load_config(args.config, args.overrides)
+    print(f"config {args.config} {' '.join(args.overrides)}: batch {cfg.train.batch_size} x {cfg.train.seq_len} bytes, "
+          f"device {device}{' bf16' if args.bf16 else ' fp32'}{' compiled' if args.compile else ''}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"| strategy | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows:
+        mfu = f"{r['flops_s'] / 1e12 / peak:.1%}" if peak else "n/a"
+        print(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | {r['padding']:.3f} | "
+              f"{r['flops_s'] / 1e12:.3f} | {mfu} | {r['peak_gib']:.2f} |")
+    learned, fixed = rows[0][1], rows[1][1]
+    print(f"\nlearned / {args.fixed} step time: {learned['step_s'] / fixed['step_s']:.3f}")
+    if args.dense_baseline:
+        print(f"blocked / dense-mask bytes/s: {learned['bytes_s'] / rows[2][1]['bytes_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""`bpe`: BPE guidance (paper §4.3 and appendix D.1): token boundaries fixed to those of a byte-level BPE
+tokenizer trained on the training corpus, shifted right by one byte.
+
+    raw_j     = 1 iff byte j is the last byte of a BPE token          (text coordinates, j = 0..n-1)
+    shifted_j = raw_{j-1}  (shifted_0 = 0)                              (appendix D.1)
+    a_{1+j}   = shifted_j,  a_0 = 1 (BOS)                               (input positions, BOS first)
+
+Worked example (appendix D.1), tokens "hello" "_token" "ization":
+    bytes    h e l l o _ t o k e n i z a t i o n
+    shifted  0 0 0 0 0 1 0 0 0 0 0 1 0 0 0 0 0 0
+so the boundary that ends "hello" is revealed at "_", once the byte that settled it has been read.
+
+Everything BPE-specific happens in the data pipeline (`learntok.data.bpe`): `learntok prepare ...
+--bpe-rate 0.2` trains the tokenizer with the `tokenizers` library (GPT-2 byte-level pre-tokenization),
+picks the vocabulary size whose rate on the training data is closest to the target (one training run,
+then a binary search over the number of merges kept), saves `bpe/tokenizer.json` next to the shards and
+stores the shifted boundaries as a per-byte track; for the demo corpus the same is done in memory at
+start-up (cached). This strategy only reads `inp.supplied` (see `supplied.py`).
+
+Caveat, to be stated wherever its numbers are reported: the shift removes the one-byte lookahead of a
+token's end, but BPE merges inside a word (and the pre-tokenizer's split of runs of spaces) still depend
+on later bytes, so the boundaries carry some information about the future that no causal strategy has.
+The realised rate is the tokenizer's, not `target_rate` (the pre-tokenizer keeps tokens within words,
+so a small corpus may not reach 0.2; the fit reports what it reached).
+"""
+
+from __future__ import annotations
+
+from .supplied import SuppliedBoundaries
+
+
+class BpeGuidance(SuppliedBoundaries):
+    name = "bpe"
+    supplied_track = "bpe"
+    how_to_supply = ("Train on data.source=demo (BPE boundaries are computed at start-up) or on a dataset prepared "
+                     "with BPE boundaries: `learntok prepare INPUT --out DIR --bpe-rate 0.2`, or for an existing "
+                     "dataset `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`.")

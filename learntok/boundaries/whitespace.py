@@ -1,0 +1,46 @@
+"""`whitespace`: SpaceByte's patching rule (Slagle 2024, §2 "patch boundaries"; DESIGN.md §4).
+
+    spacelike(b) = b is not an ASCII letter or digit, and not a UTF-8 continuation byte (0x80-0xBF)
+    a_t = spacelike(x_t) and not spacelike(x_{t-1})
+
+so a token ends at the first space-like byte after a word: "Hi, you" -> "Hi," | " you". A UTF-8
+leading byte (0xC0-0xFF) counts as space-like, as in SpaceByte, so a multi-byte character acts like
+punctuation. BOS (and every special symbol) is space-like, as SpaceByte's BOS is: a text that starts
+with a space-like byte gets no boundary there beyond the forced one at BOS.
+
+Causal by construction: a_t reads x_{t-1} and x_t only. No parameters, no loss, no rate control: the
+realised rate is the text's (about 0.17 on English prose). Deviation: SpaceByte caps the number of
+patches per sequence (the global context size) and drops the targets beyond the cap; here every boundary
+is kept, the token dimension grows as needed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Boundaries, BoundaryInput, BoundaryStrategy
+
+
+def spacelike(x: torch.Tensor) -> torch.Tensor:
+    """(..) int byte values (specials >= 256 allowed) -> bool, SpaceByte's `use_global` test."""
+    digit = (x >= ord("0")) & (x <= ord("9"))
+    upper = (x >= ord("A")) & (x <= ord("Z"))
+    lower = (x >= ord("a")) & (x <= ord("z"))
+    continuation = (x >= 0x80) & (x <= 0xBF)
+    return ~(digit | upper | lower | continuation)
+
+
+def whitespace_boundaries(x: torch.Tensor) -> torch.Tensor:
+    """(B, T) bytes -> (B, T) bool: spacelike(x_t) and not spacelike(x_{t-1}); False at t = 0."""
+    s = spacelike(x)
+    a = torch.zeros_like(s)
+    a[:, 1:] = s[:, 1:] & ~s[:, :-1]
+    return a
+
+
+class Whitespace(BoundaryStrategy):
+    name = "whitespace"
+
+    def forward(self, inp: BoundaryInput) -> Boundaries:
+        a = (whitespace_boundaries(inp.inputs) & inp.valid) | inp.forced
+        return Boundaries(a=a, probs=a.float())

@@ -1,0 +1,31 @@
+"""`learntok demo` end to end on a tiny model (the real demo is the same code with the default config)."""
+
+import json
+
+from learntok.cli import main
+from learntok.data.demo import build_demo_corpus, showcase_paragraph
+
+
+def test_demo_corpus_is_prose_and_split_is_stable():
+    corpus = build_demo_corpus(0.05)
+    assert len(corpus.train) > 1_000_000 and len(corpus.val) > 20_000
+    assert corpus.n_val_docs > 10
+    again = build_demo_corpus(0.05)
+    assert again.val == corpus.val
+    text = showcase_paragraph(corpus.val)
+    assert 200 <= len(text.encode()) <= 900
+
+
+def test_demo_runs_end_to_end(tmp_path, capsys):
+    run_dir = tmp_path / "demo"
+    code = main(["demo", "--run-dir", str(run_dir), "--no-progress", "model.d_model=32", "model.n_heads=2",
+                 "train.seq_len=128", "train.batch_size=4", "train.training_bytes=4e3", "train.eval_batches=1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    for needle in ("held-out bits-per-byte", "realised boundary rate", "precision", "recall", "learned tokens"):
+        assert needle in out
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for key in ("step", "bytes", "bpb", "early_bpb", "boundary_rate", "policy_entropy", "advantage_std", "lr",
+                "bytes_per_s", "flops", "val_bpb"):
+        assert key in rows[-1], key
+    assert list(run_dir.glob("step_*/model.safetensors"))

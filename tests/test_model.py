@@ -1,0 +1,81 @@
+"""The U-Net's pieces that the other tests do not reach."""
+
+import math
+
+import torch
+
+from learntok.config import load_config
+from learntok.data.batch import BOS, PAD, Batch
+from learntok.kernels.scan import thresholds_from_uniforms
+from learntok.model.unet import ByteUNet
+
+from conftest import random_inputs, tiny_config
+
+
+def test_cpu_default_size_and_flops_accounting():
+    cfg = load_config("cpu_default")
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    n = sum(p.numel() for p in model.parameters())
+    assert 1.0e6 < n < 1.2e6  # "about 1M parameters"
+    p = model.matrix_params()
+    d = 128
+    # per byte block: qkv + out (4d^2) + GeGLU with hidden d (3d^2); per token block hidden 4d (12d^2)
+    assert p["token"] == 2 * (4 * d * d + 12 * d * d)
+    heads = 2 * 259 * d
+    assert p["byte"] == 4 * (4 * d * d + 3 * d * d) + heads + d * (1 + cfg.boundaries.lags)
+    assert model.flops(10, 2) == 6 * (p["byte"] * 10 + p["token"] * 2)
+
+
+def test_early_exit_head_starts_as_copy_of_final_head():
+    cfg = tiny_config()
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    for (k1, v1), (k2, v2) in zip(model.head.state_dict().items(), model.early_head.state_dict().items()):
+        assert torch.equal(v1, v2)
+    assert model.head.proj.weight.data_ptr() != model.early_head.proj.weight.data_ptr()  # a copy, not shared
+
+
+def test_initial_rate_is_target_and_padding_holds_no_boundary_or_loss():
+    cfg = tiny_config(target_rate=0.25)
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    seq = random_inputs(16, 257, seed=2)
+    seq[3, 100:] = PAD  # a shorter row
+    batch = Batch.from_sequences(seq)
+    loss, metrics, out = model.loss(batch, torch.Generator().manual_seed(0))
+    assert abs(float(metrics["boundary_rate"]) - 0.25) < 0.03  # logit(target) offset, D = 16
+    assert not out.boundaries.a[3, 100:].any()
+    assert out.tok_valid[3].sum() == out.boundaries.a[3].sum()
+    assert int(metrics["bytes"]) == 16 * 256 - 157  # row 3 predicts bytes 1..99 only
+    assert torch.isfinite(loss)
+
+
+def test_sampled_decisions_agree_with_recomputed_probabilities():
+    # the scan decides with thresholds; the recomputed log-probabilities must describe the same draw
+    cfg = tiny_config(lags=8)
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    with torch.no_grad():
+        model.boundaries.proj.weight.normal_(std=1.0)
+    inputs = random_inputs(4, 200, seed=5)
+    g = torch.Generator().manual_seed(9)
+    u = torch.rand(inputs.shape, generator=torch.Generator().manual_seed(9))
+    out = model(inputs, generator=g)
+    bnd = out.boundaries
+    # a_i = [u_i < p_i] wherever not forced (up to float rounding at near-ties)
+    free = ~out.forced
+    direct = u < bnd.probs
+    assert (direct[free] == bnd.a[free]).float().mean() > 0.999
+    logp = bnd.extras["log_prob"]
+    assert torch.allclose(logp.exp(), torch.where(bnd.a, bnd.probs, 1 - bnd.probs), atol=1e-6)
+
+
+def test_eval_mode_drops_the_policy_softcap():
+    cfg = tiny_config(softcap=1.0, lags=0)  # a tiny cap so that the difference shows; no history
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    with torch.no_grad():
+        model.boundaries.proj.weight.normal_(std=5.0)
+    inputs = random_inputs(2, 64)
+    model.train()
+    capped = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.extras["logits"]
+    model.eval()
+    raw = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.extras["logits"]
+    assert capped.abs().max() <= 1.0 and raw.abs().max() > 1.0
+    assert torch.allclose(capped, torch.tanh(raw))
