@@ -4,6 +4,7 @@ then show what it learned. No download, no data of the user's."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
@@ -34,7 +35,10 @@ def run(args: argparse.Namespace) -> int:
           f"trained for {t.training_bytes / 1e6:.1f}M bytes on English prose shipped with Python (help topics and\n"
           f"standard-library docstrings). About 5-7 minutes on 2 CPU cores; training stops at {args.max_minutes:g} "
           f"minutes at most, so the whole demo ends within 10.")
-    trainer = Trainer(cfg, Path(args.run_dir), progress=not args.no_progress)
+    run_dir = Path(args.run_dir)
+    if run_dir.exists():  # the demo's own directory: start afresh rather than append to an old run
+        shutil.rmtree(run_dir)
+    trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     print(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters, {trainer.total_steps} steps of "
           f"{t.batch_size} x {t.seq_len} bytes, run directory {args.run_dir}\n")

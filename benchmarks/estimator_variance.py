@@ -1,0 +1,107 @@
+"""How noisy is the policy gradient, and how much do the paper's variance reductions help?
+
+For one fixed model state and one fixed batch of text, draw many boundary samples and compute the
+policy-gradient estimate (the gradient of lambda_pi * L_pi only) under each variant:
+
+    full           gamma = 0.99, early-exit reward, batch-mean centering (the paper)
+    gamma=1        no discounting
+    no-early-exit  reward = log p(x) instead of log p(x) - log p_early(x)
+    no-centering   no batch-relative baseline
+    naive          gamma = 1, no early-exit reward, no centering (reward-to-go REINFORCE)
+
+and report, per variant: the relative variance of a single estimate (trace of its covariance over the
+squared norm of the reference), the mean cosine similarity of single estimates to the reference, and
+the cosine of the variant's mean to the reference (a bias indicator). The reference is the mean of many
+estimates of the unbiased low-variance variant (gamma = 1, early-exit reward, leave-one-out centering),
+i.e. our best estimate of the true policy gradient of E_a log p(y | a, x). Prints a table; asserts nothing.
+
+    python benchmarks/estimator_variance.py --checkpoint runs/demo --samples 16 --reference-samples 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from learntok.boundaries import LossInputs  # noqa: E402
+from learntok.config import load_config  # noqa: E402
+from learntok.model.loading import load_model  # noqa: E402
+from learntok.model.unet import ByteUNet, target_log_probs  # noqa: E402
+from learntok.train.trainer import make_data  # noqa: E402
+
+VARIANTS = {
+    "full": {},
+    "gamma=1": {"gamma": 1.0},
+    "no-early-exit": {"early_exit_reward": False},
+    "no-centering": {"batch_centering": "none"},
+    "naive": {"gamma": 1.0, "early_exit_reward": False, "batch_centering": "none"},
+}
+REFERENCE = {"gamma": 1.0, "early_exit_reward": True, "batch_centering": "leave_one_out"}
+
+
+def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> torch.Tensor:
+    """One estimate: d(lambda_pi * L_pi)/d(theta) for one draw of boundaries, flattened."""
+    cfg = model.boundaries.cfg
+    saved = copy.copy(cfg)
+    for k, v in options.items():
+        setattr(cfg, k, v)
+    try:
+        out = model(batch.inputs, generator=generator)
+        logp = target_log_probs(out.logits, batch.targets).detach()
+        logp_early = target_log_probs(out.early_logits, batch.targets).detach()
+        losses = model.boundaries.losses(out.boundaries, LossInputs(logp, logp_early, batch.valid, out.forced))
+        weight, loss = losses["policy"]
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(weight * loss, params, allow_unused=True)
+        return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+    finally:
+        for k in options:
+            setattr(cfg, k, getattr(saved, k))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", help="a run directory (default: a freshly initialised cpu_default model)")
+    p.add_argument("--samples", type=int, default=16, help="estimates per variant")
+    p.add_argument("--reference-samples", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    if args.checkpoint:
+        model, cfg = load_model(args.checkpoint)
+    else:
+        cfg = load_config("cpu_default", args.overrides)
+        torch.manual_seed(args.seed)
+        model = ByteUNet(cfg.model, cfg.boundaries)
+        print("note: no --checkpoint, using an untrained model (its policy gradient says little)")
+    if cfg.boundaries.name != "learned":
+        raise SystemExit(f"the estimator study needs a 'learned' model, this one is {cfg.boundaries.name!r}")
+    model.train()  # the training-time policy (softcapped), as the estimator sees it
+    batch = make_data(cfg).val[0]
+    gen = torch.Generator().manual_seed(args.seed)
+
+    start = time.perf_counter()
+    reference = torch.stack([policy_gradient(model, batch, gen, REFERENCE) for _ in range(args.reference_samples)]).mean(0)
+    ref_norm2 = reference.pow(2).sum()
+    print(f"batch {tuple(batch.inputs.shape)}, reference from {args.reference_samples} estimates "
+          f"({time.perf_counter() - start:.0f} s)\n")
+    print("| variant | relative variance | mean cos(single, ref) | cos(mean, ref) |")
+    print("|---|---|---|---|")
+    for name, options in VARIANTS.items():
+        grads = torch.stack([policy_gradient(model, batch, gen, options) for _ in range(args.samples)])
+        mean = grads.mean(0)
+        variance = (grads - mean).pow(2).sum(1).mean() / ref_norm2
+        cos_single = torch.nn.functional.cosine_similarity(grads, reference[None], dim=1).mean()
+        cos_mean = torch.nn.functional.cosine_similarity(mean, reference, dim=0)
+        print(f"| {name} | {variance:.3g} | {cos_single:.3f} | {cos_mean:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
