@@ -57,7 +57,7 @@ class BoundaryConfig:
     # --- entropy patching (BLT, Pagnoni et al. 2024), boundaries/entropy.py ---
     entropy_mode: str = "global"  # global: a_i = [H_i > theta]; monotonic: a_i = [H_i - H_{i-1} > theta]
     entropy_source: str = "early"  # early: entropy of the early-exit head; own: of a small byte LM of its own
-    entropy_momentum: float = 0.05  # EMA weight of each training batch's rate quantile in the threshold
+    entropy_momentum: float = 0.5  # smoothing weight of each training batch's rate quantile (Holt's level and trend)
     entropy_model_dim: int = 64  # own entropy model: width
     entropy_model_layers: int = 1  # own entropy model: sliding-window blocks
     entropy_model_lambda: float = 0.1  # own entropy model: weight of its next-byte loss
@@ -75,8 +75,14 @@ class BoundaryConfig:
 class TrainConfig:
     """Optimisation. Schedules are in bytes, as the paper states them."""
 
-    seq_len: int = 512  # bytes per sequence (BOS + seq_len - 1 bytes of text are predicted)
-    batch_size: int = 8  # sequences per optimizer step
+    seq_len: int = 512  # positions per sequence: BOS + seq_len - 1 bytes in, seq_len bytes predicted
+    batch_size: int = 8  # sequences per optimizer step (the global batch; the paper's effective_batch_size)
+    # split each step's batch (with several processes: each rank's share of it) into this many
+    # micro-batches (gradient accumulation, less memory); the
+    # gradient is that of the whole batch: advantages are centred over all of it (train/accumulate.py)
+    micro_batches: int = 1
+    recompute_encoder: bool = True  # with micro_batches > 1: recompute the encoder in the last backward
+    #   (+1 encoder forward, ~10% of a step) instead of keeping its activations for the whole batch
     lr: float = 3e-3  # peak learning rate
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_bytes: float = 2e5  # linear warmup length
@@ -84,16 +90,22 @@ class TrainConfig:
     weight_decay: float = 0.01  # AdamW (torch default)
     beta1: float = 0.9
     beta2: float = 0.999
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    grad_clip: float = 1.0  # max global grad norm, applied once per optimizer step; 0 disables clipping
+    max_bad_steps: int = 5  # stop after this many steps in a row with a non-finite loss or gradient
     seed: int = 0
-    log_every: int = 10  # steps between metric lines
+    log_every: int = 10  # steps between metric lines (metrics.jsonl, averaged over the steps since the last)
+    tensorboard: bool = True  # also write TensorBoard events to RUN_DIR/tensorboard, if tensorboard is installed
     eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
     eval_batches: int = 8  # held-out batches per evaluation
-    checkpoint_every: int = 200  # steps between checkpoints (0: only at the end)
-    keep_checkpoints: int = 2  # how many checkpoints to keep
+    checkpoint_every: int = 200  # steps between checkpoints (0: only at the end and on SIGINT/SIGTERM)
+    keep_checkpoints: int = 2  # how many checkpoints to keep (0: all)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 0  # torch CPU threads (0: torch's default)
-    compile: bool = False  # torch.compile the model
+    threads: int = 0  # CPU threads of torch and of the boundary scan (0: their defaults)
+    compile: bool = False  # torch.compile the three transformer stacks (costs 40-90 s on a CPU)
+    parallel: str = "none"  # none | ddp | fsdp: data parallelism over torchrun's processes (docs/training.md)
+    #   ddp: replicated weights, gradients all-reduced once per step; fsdp: FSDP2, weights/grads/moments sharded
+    precision: str = "fp32"  # fp32 | bf16: bf16 autocast, fp32 master weights (for GPUs; ~10x slower on a CPU)
+    #   the loss, softcaps, policy logits and the boundary scan stay fp32
 
 
 @dataclass
@@ -183,11 +195,28 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _unknown(key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key.split(".")[-1], [v.split(".")[-1] for v in valid], n=1)
+    """An unknown key, with the nearest valid one: in the same section by spelling, or the same name in
+    another section (`train.d_model` -> `model.d_model`)."""
+    leaf = key.split(".")[-1]
+    elsewhere = [p for p in _all_keys(RunConfig) if p.split(".")[-1] == leaf]
+    close = difflib.get_close_matches(leaf, [v.split(".")[-1] for v in valid], n=1, cutoff=0.5)
     hint = ""
-    if close:
+    if elsewhere:
+        hint = f"; did you mean '{elsewhere[0]}'?"
+    elif close:
         hint = f"; did you mean '{next(v for v in valid if v.split('.')[-1] == close[0])}'?"
-    return ConfigError(f"unknown config key '{key}'{hint} (valid: {', '.join(valid)})")
+    return ConfigError(f"unknown config key '{key}'{hint} (valid here: {', '.join(valid)})")
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = _field_types(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += _all_keys(tp, f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name}")
+    return out
 
 
 def _apply(cfg: Any, updates: dict, prefix: str = "") -> None:
@@ -281,6 +310,19 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"boundaries.batch_centering={b.batch_centering!r}: use mean, leave_one_out or none")
     if t.seq_len < 2 or t.batch_size < 1:
         raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
+    if t.micro_batches < 1 or t.batch_size % t.micro_batches:
+        raise ConfigError(f"train.micro_batches={t.micro_batches} must be >= 1 and divide "
+                          f"train.batch_size={t.batch_size}")
+    if t.parallel not in ("none", "ddp", "fsdp"):
+        raise ConfigError(f"train.parallel={t.parallel!r}: use none, ddp or fsdp")
+    if t.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
+    if t.max_bad_steps < 1:
+        raise ConfigError(f"train.max_bad_steps={t.max_bad_steps} must be >= 1")
+    if t.log_every < 1 or t.checkpoint_every < 0 or t.eval_every < 0 or t.keep_checkpoints < 0:
+        raise ConfigError("train.log_every must be >= 1; checkpoint_every, eval_every, keep_checkpoints >= 0")
+    if t.training_bytes <= 0 or t.warmup_bytes < 0 or t.lr <= 0:
+        raise ConfigError("train.training_bytes and train.lr must be > 0, train.warmup_bytes >= 0")
     if cfg.data.mode not in ("paper", "packed"):
         raise ConfigError(f"data.mode={cfg.data.mode!r}: use paper or packed")
 

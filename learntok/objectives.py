@@ -42,14 +42,22 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return out
 
 
-def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean",
+                   totals: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Advantages A_{b,i} = G_{b,i} - baseline_i, the baseline taken over the batch at each position
-    (paper eq. 17) among rows where `mask` is True. `mode`: mean | leave_one_out | none."""
+    (paper eq. 17) among rows where `mask` is True. `mode`: mean | leave_one_out | none.
+
+    `totals`: (sum over rows of values * mask, count of such rows), each (T,), taken over a larger batch
+    that `values` is part of (gradient accumulation: the whole global batch, DESIGN.md §3); default:
+    over `values` itself."""
     if mode == "none":
         return values * mask
     m = mask.to(values.dtype)
-    total = (values * m).sum(0, keepdim=True)
-    count = m.sum(0, keepdim=True)
+    if totals is None:
+        total = (values * m).sum(0, keepdim=True)
+        count = m.sum(0, keepdim=True)
+    else:
+        total, count = (t.to(values.dtype)[None] for t in totals)  # (1, T) each
     if mode == "mean":
         baseline = total / count.clamp(min=1)
     elif mode == "leave_one_out":
@@ -71,17 +79,42 @@ def binary_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(p * torch.nn.functional.logsigmoid(logits) + (1 - p) * torch.nn.functional.logsigmoid(-logits))
 
 
+def policy_batch_stats(rewards: torch.Tensor, probs: torch.Tensor, decide: torch.Tensor, valid: torch.Tensor, *,
+                       gamma: float) -> dict[str, torch.Tensor]:
+    """What `policy_losses` needs from the whole global batch, as sums over this batch's rows: summed over
+    micro-batches (and ranks), they give the batch-mean baseline and the per-byte normalisers."""
+    returns = discounted_returns(rewards * valid, gamma)
+    m = decide.to(returns.dtype)
+    return {"return_sum": (returns * m).sum(0),  # (T,)
+            "decide_rows": m.sum(0),  # (T,) rows that decide at each position
+            "prob_sum": (probs.detach().float() * m).sum(),
+            "decide_count": m.sum()}
+
+
 def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor, rewards: torch.Tensor,
                   decide: torch.Tensor, valid: torch.Tensor, *, gamma: float, centering: str,
-                  target_rate: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  target_rate: float, stats: dict[str, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The policy loss L_pi = -mean(log pi(a_i) * detach(A_i)) and the target-rate loss
     L_target = mean(l) * detach(mean(p) - target) (paper eq. 18 and 24), as per-byte means.
 
     rewards (B, T): r_t, zero where there is no target; `decide` (B, T) bool: positions whose decision
-    the policy took (not forced, not padding). Returns (L_pi, L_target, advantages)."""
+    the policy took (not forced, not padding). Returns (L_pi, L_target, advantages).
+
+    `stats`: `policy_batch_stats` summed over the global batch this batch is a part of. Then the baseline,
+    mean(p) and the means' denominators are the global batch's, and these losses, summed over the parts,
+    equal the losses of the whole batch."""
     returns = discounted_returns(rewards * valid, gamma)
-    advantages = batch_centered(returns, decide, centering).detach()
-    loss_policy = -masked_mean(log_prob * advantages, decide)
-    mean_p = masked_mean(probs, decide).detach()
-    loss_target = masked_mean(logits, decide) * (mean_p - target_rate)
+    if stats is None:
+        advantages = batch_centered(returns, decide, centering).detach()
+        loss_policy = -masked_mean(log_prob * advantages, decide)
+        mean_p = masked_mean(probs, decide).detach()
+        loss_target = masked_mean(logits, decide) * (mean_p - target_rate)
+        return loss_policy, loss_target, advantages
+    advantages = batch_centered(returns, decide, centering, (stats["return_sum"], stats["decide_rows"])).detach()
+    m = decide.to(log_prob.dtype)
+    count = stats["decide_count"].clamp(min=1)
+    loss_policy = -(log_prob * advantages * m).sum() / count
+    mean_p = (stats["prob_sum"] / count).detach()
+    loss_target = (logits * m).sum() / count * (mean_p - target_rate)
     return loss_policy, loss_target, advantages

@@ -115,6 +115,16 @@ class BoundaryStrategy(nn.Module):
         """Auxiliary losses as {name: (weight, value)}; the default strategy has none."""
         return {}
 
+    def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
+        """For losses that need the whole global batch (the learned policy's batch-mean baseline): sums
+        over this batch's rows, which gradient accumulation adds up over micro-batches (and could
+        all-reduce over ranks) and then passes back as `losses(bnd, inp, stats)`; a strategy that returns
+        any must accept that argument, and the tensors those losses differentiate (in `bnd.extras`) must
+        branch off the encoder output apart from what `pool`/`unpool` use, since the decoder's graph is
+        freed before they are backpropagated. Default: none, and `losses` must then be a mean over rows
+        (the trainer weights each micro-batch's losses by its share of the rows)."""
+        return {}
+
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         """Extra per-step metrics (detached scalars); logged at log steps only."""
         return {}

@@ -28,7 +28,7 @@ from torch import nn
 from ..config import BoundaryConfig
 from ..kernels.scan import scan_boundaries, thresholds_from_uniforms
 from ..model.layers import softcap
-from ..objectives import binary_entropy_from_logits, masked_mean, policy_losses
+from ..objectives import binary_entropy_from_logits, masked_mean, policy_batch_stats, policy_losses
 from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
 
 
@@ -101,11 +101,18 @@ class LearnedPolicy(BoundaryStrategy):
     def _decide(self, inp: LossInputs) -> torch.Tensor:
         return inp.valid & ~inp.forced
 
-    def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
-        rewards = inp.logp - inp.logp_early if self.cfg.early_exit_reward else inp.logp
+    def _rewards(self, inp: LossInputs) -> torch.Tensor:
+        return (inp.logp - inp.logp_early if self.cfg.early_exit_reward else inp.logp).detach()
+
+    def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
+        return policy_batch_stats(self._rewards(inp), bnd.probs, self._decide(inp), inp.valid, gamma=self.cfg.gamma)
+
+    def losses(self, bnd: Boundaries, inp: LossInputs,
+               stats: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[float, torch.Tensor]]:
         loss_policy, loss_target, advantages = policy_losses(
-            bnd.extras["log_prob"], bnd.extras["logits"], bnd.probs, rewards.detach(), self._decide(inp),
-            inp.valid, gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate)
+            bnd.extras["log_prob"], bnd.extras["logits"], bnd.probs, self._rewards(inp), self._decide(inp),
+            inp.valid, gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate,
+            stats=stats)
         bnd.extras["advantages"] = advantages
         return {"policy": (self.cfg.lambda_policy, loss_policy), "target": (self.cfg.lambda_target, loss_target)}
 

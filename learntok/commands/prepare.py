@@ -1,4 +1,9 @@
-"""`learntok prepare INPUT... --out DIR`: turn a corpus into training shards (see learntok.data.prepare)."""
+"""`learntok prepare INPUT... --out DIR`: turn a corpus into training shards (see learntok.data.prepare).
+
+Boundaries that come with the data: `--bpe-rate 0.2` (BPE guidance, strategy `bpe`; or later, on an
+existing dataset: `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`), and a user's segmentation
+(strategy `file`): `--boundary-field FIELD` (JSON Lines: token end byte offsets) or
+`--boundary-separator SEP` (cuts marked in the text)."""
 
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ def _size(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help="files, folders (read recursively) or Hugging Face dataset names")
     parser.add_argument("--out", required=True, help="output directory (created; must not exist unless --overwrite)")
     parser.add_argument("--format", default="auto", choices=FORMATS,
@@ -43,23 +48,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="raw format: cut the byte stream into documents of this size (default: whole file)")
     parser.add_argument("--hf-split", default="train", help="hf format: split of the source dataset (default: train)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    bnd = parser.add_argument_group("boundaries supplied with the data (strategies bpe and file)")
+    bnd.add_argument("--bpe-rate", type=float, default=None, metavar="RATE",
+                     help="fit a byte-level BPE to the training split at this many tokens per byte (e.g. 0.2), save "
+                          "it in OUT/bpe/tokenizer.json and store its boundaries, shifted by one byte (needs tokenizers)")
+    bnd.add_argument("--bpe-only", action="store_true",
+                     help="add the BPE boundaries of --bpe-rate to the existing dataset --out; no INPUT")
+    bnd.add_argument("--bpe-max-vocab", type=int, default=65536, help="largest BPE vocabulary tried (default: 65536)")
+    bnd.add_argument("--bpe-train-bytes", type=_size, default=256 << 20,
+                     help="train the BPE on at most this much training text, evenly spread (default: 256M)")
+    bnd.add_argument("--boundary-field", default=None, metavar="FIELD",
+                     help="JSON Lines: field holding each record's token end offsets, in bytes of the UTF-8 text, "
+                          'exclusive, increasing: {"text": "hello world", "tokens_end": [5, 11]}')
+    bnd.add_argument("--boundary-separator", default=None, metavar="SEP",
+                     help='string marking token cuts in the text, removed when stored: "hello| world" with SEP "|"')
+    bnd.add_argument("--boundary-shift", type=int, default=1,
+                     help="shift the supplied boundaries right by this many bytes (default: 1, a token's end is "
+                          "revealed one byte later, as for BPE; 0 only for a segmentation that never looks ahead)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
 
 
 def run(args: argparse.Namespace) -> int:
-    from learntok.data.prepare import PrepareOptions, format_summary, prepare
+    from learntok.data.prepare import PrepareOptions, format_summary, format_track, prepare
     from learntok.data.readers import DataFormatError
+    from learntok.data.shards import ShardError
+
+    if args.bpe_only:
+        return _bpe_only(args, format_track, ShardError)
+    if not args.inputs:
+        print("learntok prepare: error: give at least one INPUT (or --bpe-only to add BPE boundaries to --out)",
+              file=sys.stderr)
+        return 2
 
     opts = PrepareOptions(
         inputs=args.inputs, out=args.out, format=args.format, field=args.field,
         val_fraction=args.val_fraction, seed=args.seed, min_bytes=args.min_bytes,
         skip_bad_lines=args.skip_bad_lines, shard_bytes=args.shard_bytes, max_docs=args.max_docs,
         raw_doc_bytes=args.raw_doc_bytes, hf_split=args.hf_split, overwrite=args.overwrite,
-        progress=not args.quiet and sys.stderr.isatty(),
+        progress=not args.quiet and sys.stderr.isatty(), boundary_field=args.boundary_field,
+        boundary_separator=args.boundary_separator, boundary_shift=args.boundary_shift, bpe_rate=args.bpe_rate,
+        bpe_max_vocab=args.bpe_max_vocab, bpe_train_bytes=args.bpe_train_bytes,
     )
     try:
         summary = prepare(opts)
-    except (DataFormatError, FileNotFoundError, FileExistsError, ImportError, ValueError) as e:
+    except (DataFormatError, FileNotFoundError, FileExistsError, ImportError, ValueError, ShardError) as e:
         # Expected failures (bad input, wrong options): one clear line, no traceback.
         print(f"learntok prepare: error: {e}", file=sys.stderr)
         # Only for malformed lines: for a wrong field, skipping would skip every record.
@@ -68,6 +100,24 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if not args.quiet:
         print(format_summary(summary))
+    return 0
+
+
+def _bpe_only(args: argparse.Namespace, format_track, shard_error) -> int:
+    """`--bpe-only`: add (or replace) the `bpe` track of the existing dataset --out."""
+    from learntok.data.bpe import add_bpe_track
+
+    if args.inputs or args.bpe_rate is None:
+        print("learntok prepare: error: --bpe-only takes no INPUT and needs --bpe-rate", file=sys.stderr)
+        return 2
+    try:
+        info = add_bpe_track(args.out, args.bpe_rate, max_vocab=args.bpe_max_vocab, train_bytes=args.bpe_train_bytes,
+                             progress=not args.quiet and sys.stderr.isatty())
+    except (ImportError, ValueError, shard_error) as e:
+        print(f"learntok prepare: error: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(format_track("bpe", info))
     return 0
 
 

@@ -1,4 +1,17 @@
-"""`learntok train --config FILE [key=value ...]` and `learntok train --resume RUN_DIR`."""
+"""`learntok train --config FILE [key=value ...]` and `learntok train --resume RUN_DIR [key=value ...]`.
+
+A run directory holds config.yaml (the resolved config), metrics.jsonl, tensorboard/ (when TensorBoard
+is installed) and the newest checkpoints step_XXXXXX/. `--resume` continues from the newest checkpoint
+exactly where it stopped (a run killed at any moment, or stopped with Ctrl-C / SIGTERM, which save a
+checkpoint first); overrides given with it change the saved config, except the model's.
+
+Exit status: 0 done, 1 stopped by an error (non-finite loss, unwritable checkpoint), 2 bad config or
+checkpoint, 128 + N stopped by signal N after saving a checkpoint.
+
+Several processes: `torchrun --nproc-per-node N -m learntok.cli train --config ... train.parallel=ddp`
+(or fsdp); rank 0 prints and writes the run directory, every rank trains its share of the global batch
+(docs/training.md).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +23,7 @@ import yaml
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file or shipped config name (cpu_default, ...)")
+    p.add_argument("--config", help="YAML file or shipped config name (cpu_default, paper_147m_fineweb, ...)")
     p.add_argument("--run-dir", help="where checkpoints and metrics go (default: runs/<config>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -18,30 +31,87 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError, load_config
-    from ..train.checkpoint import CheckpointError
-    from ..train.trainer import Trainer
+    try:
+        return _run(args)
+    finally:
+        import torch.distributed as dist
+        if dist.is_initialized():  # under torchrun
+            dist.destroy_process_group()
 
+
+def _run(args: argparse.Namespace) -> int:
+    import os
+
+    from ..config import ConfigError, load_config, parse_override
+    from ..train.checkpoint import CheckpointError
+    from ..train.trainer import NonFiniteError, Trainer
+
+    main = os.environ.get("RANK", "0") == "0"  # torchrun: only rank 0 prints
+    say = print if main else (lambda *a, **k: None)
     try:
         if args.resume:
             run_dir = Path(args.resume)
             if not (run_dir / "config.yaml").exists():
                 raise CheckpointError(f"{run_dir}: no config.yaml; not a learntok run directory")
-            cfg = load_config(None, yaml.safe_load((run_dir / "config.yaml").read_text()))
+            if args.config:
+                raise ConfigError("--resume takes its config from the run directory; give overrides instead of --config")
+            saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+            for text in args.overrides:  # typed and validated by load_config below
+                _merge(saved, parse_override(text))
+            cfg = load_config(None, saved)
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
-            print(f"resuming {run_dir} at step {trainer.step}")
+            if trainer.resumed_from is not None:
+                say(f"resuming {run_dir} from {trainer.resumed_from.name} (step {trainer.step})")
+            else:
+                say(f"{run_dir} has no checkpoint yet: starting it from step 0")
         else:
             if not args.config:
                 raise ConfigError("give --config FILE (or --resume RUN_DIR)")
             cfg = load_config(args.config, args.overrides)
-            run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+            run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{_timestamp()}")
             trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
-    except (ConfigError, CheckpointError) as e:
-        print(f"error: {e}")
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
+        say(f"error: {e}")
         return 2
-    print(f"{trainer.data.description}\nrun directory: {run_dir}  ({trainer.total_steps} steps)")
-    last = trainer.train()
-    if last:
-        print(f"step {last['step']}: train bpb {last['bpb']:.3f}, held-out bpb {last.get('val_bpb', float('nan')):.3f}, "
+    t = cfg.train
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    tb = ("; TensorBoard: tensorboard/" if trainer.tb_writer is not None else
+          "; TensorBoard not installed (pip install 'learntok[tensorboard]')" if t.tensorboard else "")
+    say(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters; {trainer.total_steps} steps of "
+          f"{t.batch_size} x {t.seq_len} bytes" + (f" in {t.micro_batches} micro-batches" if t.micro_batches > 1 else "")
+          + (f" on {trainer.dist.world_size} processes ({t.parallel})" if trainer.dist.enabled else "")
+          + (" in bf16 autocast" if t.precision == "bf16" else "")
+          + f"\nrun directory: {run_dir} (metrics.jsonl{tb})", flush=True)
+    try:
+        last = trainer.train()
+    except NonFiniteError as e:
+        say(f"error: {e}")
+        return 1
+    except CheckpointError as e:
+        say(f"error: {e}")
+        return 1
+    if last and "bpb" in last:
+        say(f"step {last['step']}: train bpb {last['bpb']:.3f}, held-out bpb {last.get('val_bpb', float('nan')):.3f}, "
               f"boundary rate {last['boundary_rate']:.3f}")
+    if trainer.stopped_by is not None:
+        return 128 + trainer.stopped_by
     return 0
+
+
+def _timestamp() -> str:
+    """The run's start time, the same on every rank (rank 0's, sent to the others under torchrun)."""
+    import os
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from ..train.distributed import init_distributed
+        info, _ = init_distributed("auto", "ddp")  # joins the group early (the Trainer reuses it)
+        stamp = info.broadcast_object(stamp)
+    return stamp
+
+
+def _merge(base: dict, update: dict) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value

@@ -101,10 +101,14 @@ class StreamBatches:
     """Random windows of seq_len bytes from one byte stream, each preceded by BOS. Deterministic given the
     seed; `state_dict()` captures the position so a resumed run continues with the same batches."""
 
-    def __init__(self, stream: bytes, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
+    def __init__(self, stream: bytes, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 boundaries: np.ndarray | None = None):
+        """`boundaries`: one bool per byte of `stream`, supplied with each window as `Batch.boundaries`
+        (BPE guidance); None for none."""
         if len(stream) < seq_len:
             raise ValueError(f"stream of {len(stream)} bytes is shorter than one sequence of {seq_len}")
         self.data = np.frombuffer(stream, dtype=np.uint8)
+        self.boundaries = boundaries
         self.seq_len, self.batch_size = seq_len, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.step = 0
@@ -115,7 +119,7 @@ class StreamBatches:
         starts = rng.integers(0, len(self.data) - self.seq_len + 1, size=self.batch_size * self.world_size)
         starts = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         self.step += 1
-        return _windows(self.data, starts, self.seq_len)
+        return _windows(self.data, starts, self.seq_len, self.boundaries)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "seed": self.seed}
@@ -124,22 +128,29 @@ class StreamBatches:
         self.step, self.seed = int(state["step"]), int(state["seed"])
 
 
-def stream_eval_batches(stream: bytes, seq_len: int, batch_size: int, n_batches: int) -> list[Batch]:
-    """Fixed, evenly spaced windows of a held-out stream (the same every time)."""
+def stream_eval_batches(stream: bytes, seq_len: int, batch_size: int, n_batches: int,
+                        boundaries: np.ndarray | None = None) -> list[Batch]:
+    """Fixed, evenly spaced windows of a held-out stream (the same every time); `boundaries` as in
+    `StreamBatches`."""
     data = np.frombuffer(stream, dtype=np.uint8)
     n = batch_size * n_batches
     last = len(data) - seq_len
     if last < 0:
         raise ValueError(f"held-out stream of {len(data)} bytes is shorter than one sequence of {seq_len}")
     starts = np.linspace(0, last, num=n).astype(np.int64)
-    return [_windows(data, starts[i * batch_size:(i + 1) * batch_size], seq_len) for i in range(n_batches)]
+    return [_windows(data, starts[i * batch_size:(i + 1) * batch_size], seq_len, boundaries) for i in range(n_batches)]
 
 
-def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:
-    """BOS + seq_len bytes at each start -> inputs/targets of length seq_len."""
+def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int, boundaries: np.ndarray | None = None) -> Batch:
+    """BOS + seq_len bytes at each start -> inputs/targets of length seq_len; with per-byte `boundaries`,
+    `Batch.boundaries` = True at BOS, then the boundary of the byte at each input position."""
     rows = np.stack([data[s:s + seq_len] for s in starts]).astype(np.int64)
     seqs = torch.from_numpy(np.concatenate([np.full((len(starts), 1), BOS), rows], axis=1))
-    return Batch.from_sequences(seqs)
+    batch = Batch.from_sequences(seqs)
+    if boundaries is not None:
+        bnd = np.stack([boundaries[s:s + seq_len - 1] for s in starts])  # bytes at input positions 1..seq_len-1
+        batch.boundaries = torch.from_numpy(np.concatenate([np.ones((len(starts), 1), dtype=bool), bnd], axis=1))
+    return batch
 
 
 def showcase_paragraph(stream: bytes, min_bytes: int = 200, max_bytes: int = 900) -> str:

@@ -13,6 +13,11 @@ Two ways to turn documents into sequences of `seq_len` (L) predicted bytes:
   BOS (predicting where a document ends, which crosses into the next document) are PAD, so every loss
   and bits-per-byte stays a per-byte measure.
 
+Supplied boundaries (strategies `bpe` and `file`): with `boundaries="bpe"` the loader also fills
+`Batch.boundaries` (B, L) from that track of the dataset (see `shards.py`), aligned with `inputs`: True
+at every BOS (position 0, separators), the track's bit of document byte j at the input position that
+holds byte j, False at padding. Paper mode: `boundaries[:, 1 + j] = track[j]`.
+
 Order: sequence ids are drawn epoch after epoch from a permutation given by (seed, epoch) with numpy's
 Generator. A global batch is the next `world_size * batch_size` ids of that endless stream (an epoch's
 last batch continues into the next epoch, nothing is dropped); rank r takes the r-th block of
@@ -32,7 +37,7 @@ import numpy as np
 import torch
 
 from .batch import BOS, PAD, Batch
-from .shards import Split, open_split
+from .shards import Split, Track, open_split
 
 MODES = ("paper", "packed")
 
@@ -55,9 +60,14 @@ class _PaperSequences:
     def __len__(self) -> int:
         return len(self.doc_ids)
 
-    def fill(self, i: int, row: np.ndarray, doc_start: np.ndarray | None) -> None:
+    def fill(self, i: int, row: np.ndarray, doc_start: np.ndarray | None, bnd: np.ndarray | None = None,
+             track: Track | None = None) -> None:
+        """row (L + 1) positions; `bnd` (L + 1) the supplied boundaries of the same positions."""
         row[0] = BOS
         row[1:] = self.split.doc(int(self.doc_ids[i]))[: self.seq_len]
+        if bnd is not None:
+            bnd[0] = True
+            bnd[1:] = track.doc(int(self.doc_ids[i]))[: self.seq_len]
 
 
 class _PackedSequences:
@@ -77,13 +87,18 @@ class _PackedSequences:
     def __len__(self) -> int:
         return self.num_windows
 
-    def fill(self, k: int, row: np.ndarray, doc_start: np.ndarray) -> None:
-        """Row of L + 1 positions for window k; doc_start (L inputs) marks the documents' BOS."""
+    def fill(self, k: int, row: np.ndarray, doc_start: np.ndarray, bnd: np.ndarray | None = None,
+             track: Track | None = None) -> None:
+        """Row of L + 1 positions for window k; doc_start (L inputs) marks the documents' BOS; `bnd`
+        (L + 1) gets the supplied boundaries of the row's positions (True at every BOS)."""
         L = self.seq_len
         a, b = k * L, min((k + 1) * L, self.total)
         row[0] = BOS
         row[1:] = PAD
         doc_start[:] = False
+        if bnd is not None:
+            bnd[:] = False
+            bnd[0] = True
         i = int(np.searchsorted(self.starts, a, side="right")) - 1
         doc_start[0] = a == self.starts[i]  # the window opens on a document: its BOS is ours
         while i < len(self.starts) and self.starts[i] < b:
@@ -91,8 +106,12 @@ class _PackedSequences:
             lo, hi = max(a, start), min(b, end)
             if hi > lo:
                 row[1 + lo - a: 1 + hi - a] = self.split.doc(i)[lo - start: hi - start]
+                if bnd is not None:
+                    bnd[1 + lo - a: 1 + hi - a] = track.doc(i)[lo - start: hi - start]
             if end < b and i + 1 < len(self.starts):  # the separator before document i + 1
                 row[1 + end - a] = BOS
+                if bnd is not None:
+                    bnd[1 + end - a] = True
                 if 1 + end - a < L:  # as an input (not only as the last target)
                     doc_start[1 + end - a] = True
             i += 1
@@ -106,6 +125,7 @@ class ShardedBatches:
     >>> ckpt["data"] = train.state_dict()                # small JSON-able dict, same on every rank
     >>> train.load_state_dict(ckpt["data"])              # continues with exactly the next batch
     >>> for b in ShardedBatches("data/prose", 512, 8, split="val").val_batches(64): ...
+    >>> ShardedBatches("data/prose", 512, 8, boundaries="bpe")  # also fills Batch.boundaries
     """
 
     def __init__(
@@ -120,6 +140,7 @@ class ShardedBatches:
         shuffle: bool = True,
         rank: int = 0,
         world_size: int = 1,
+        boundaries: str | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -128,6 +149,7 @@ class ShardedBatches:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.split = data if isinstance(data, Split) else open_split(data, split)
+        self.track = self.split.track(boundaries) if boundaries else None  # supplied boundaries, if asked for
         self.mode, self.seq_len, self.batch_size = mode, seq_len, batch_size
         self.seed, self.shuffle, self.rank, self.world_size = seed, shuffle, rank, world_size
         source = _PaperSequences if mode == "paper" else _PackedSequences
@@ -212,9 +234,12 @@ class ShardedBatches:
     def _make_batch(self, ids: np.ndarray) -> Batch:
         rows = np.empty((len(ids), self.seq_len + 1), dtype=np.int64)
         starts = np.zeros((len(ids), self.seq_len), dtype=bool)
+        bnd = np.zeros((len(ids), self.seq_len + 1), dtype=bool) if self.track is not None else None
         for r, i in enumerate(ids):
-            self._seqs.fill(int(i), rows[r], starts[r])
+            self._seqs.fill(int(i), rows[r], starts[r], None if bnd is None else bnd[r], self.track)
         batch = Batch.from_sequences(torch.from_numpy(rows))
+        if bnd is not None:
+            batch.boundaries = torch.from_numpy(bnd[:, :-1])  # aligned with the inputs
         if self.mode == "packed":
             batch.targets[batch.targets == BOS] = PAD  # no prediction across a document's end
             batch.doc_start = torch.from_numpy(starts)
@@ -246,19 +271,72 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
     """The trainer's data from a prepared directory (`cfg.data.source`): shuffled training batches for
     this rank, and a fixed list of up to `cfg.train.eval_batches` validation batches (the first
     sequences of the `val` split, the same on every rank). Returns `learntok.train.trainer.DataSources`."""
+    from ..boundaries import STRATEGIES, supplied_track
     from ..train.trainer import DataSources  # imported here: the trainer imports this module lazily too
+    from .shards import read_meta
 
     t, path, mode = cfg.train, Path(cfg.data.source), cfg.data.mode
+    strategy = getattr(getattr(cfg, "boundaries", None), "name", None)
+    track = supplied_track(strategy) if strategy else None  # boundaries the strategy takes from the data
+    track_info = ""
+    if track is not None:
+        tracks = read_meta(path).get("tracks", {})
+        if track not in tracks:
+            raise ValueError(f"boundaries.name={strategy} needs the {track!r} boundary track, and {path} "
+                             f"has none. {STRATEGIES[strategy].how_to_supply}")
+        track_info = f"; supplied boundaries: {describe_track(track, tracks[track])}"
     train = ShardedBatches(path, t.seq_len, t.batch_size, mode=mode, split="train", seed=t.seed,
-                           rank=rank, world_size=world_size)
+                           rank=rank, world_size=world_size, boundaries=track)
     try:
-        val_loader = ShardedBatches(path, t.seq_len, t.batch_size, mode=mode, split="val", shuffle=False)
+        val_loader = ShardedBatches(path, t.seq_len, t.batch_size, mode=mode, split="val", shuffle=False,
+                                    boundaries=track)
     except ValueError as e:
         raise ValueError(f"no validation sequences: {e} (prepare with a larger --val-fraction?)") from e
     val = list(val_loader.val_batches(t.batch_size * t.eval_batches))
     skipped = f", {train.dropped_short:,} documents shorter than {t.seq_len} bytes skipped" if mode == "paper" else ""
     description = (
         f"{path} ({mode} mode): {train.num_sequences:,} training sequences of {t.seq_len} bytes from "
-        f"{len(train.split):,} documents{skipped}; {sum(len(b.inputs) for b in val)} held-out sequences"
+        f"{len(train.split):,} documents{skipped}; {sum(len(b.inputs) for b in val)} held-out sequences{track_info}"
     )
     return DataSources(train, val, description)
+
+
+def describe_track(name: str, info: dict[str, Any]) -> str:
+    """One line on how a boundary track was made (from meta.json's "tracks")."""
+    if name == "bpe":
+        reached = "" if info.get("reached", True) else " (target not reachable with this corpus)"
+        return (f"BPE guidance, vocabulary {info.get('vocab_size')}, rate {info.get('rate', float('nan')):.3f} on the "
+                f"training sample for target {info.get('target_rate')}{reached}, shifted by {info.get('shift', 1)}")
+    return f"{name} track, " + ", ".join(f"{k} {v}" for k, v in info.items() if not isinstance(v, (dict, list)))
+
+
+def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
+    """The trainer's data from the demo corpus (`data.source: demo`): random training windows and fixed
+    held-out windows; for strategies that take boundaries from the data (`bpe`), the BPE boundaries are
+    computed here in memory (cached, `learntok.data.bpe.demo_bpe`). Returns `DataSources`."""
+    from ..boundaries import STRATEGIES, supplied_track
+    from ..train.trainer import DataSources
+    from .demo import StreamBatches, build_demo_corpus, stream_eval_batches
+
+    t = cfg.train
+    corpus = build_demo_corpus(cfg.data.val_fraction)
+    track = supplied_track(cfg.boundaries.name)
+    train_bnd = val_bnd = None
+    extra = ""
+    if track == "bpe":
+        from .bpe import demo_bpe
+        fitted = demo_bpe(corpus.train, corpus.val, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
+        train_bnd, val_bnd = fitted.train, fitted.val
+        f = fitted.fit
+        reached = "" if f.reached else f", the closest it gets (target {f.target_rate} not reachable)"
+        extra = (f"; BPE guidance: vocabulary {f.vocab_size}, rate {f.rate:.3f} on the training stream{reached}, "
+                 f"{fitted.val_rate:.3f} held out")
+    elif track is not None:
+        raise ValueError(f"boundaries.name={cfg.boundaries.name} takes its boundaries from a prepared dataset, not the "
+                         f"demo corpus. {STRATEGIES[cfg.boundaries.name].how_to_supply}")
+    return DataSources(
+        StreamBatches(corpus.train, t.seq_len, t.batch_size, seed=t.seed, rank=rank, world_size=world_size,
+                      boundaries=train_bnd),
+        stream_eval_batches(corpus.val, t.seq_len, t.batch_size, t.eval_batches, boundaries=val_bnd),
+        f"demo corpus: {len(corpus.train):,} train bytes ({corpus.n_train_docs} docs), "
+        f"{len(corpus.val):,} held-out bytes ({corpus.n_val_docs} docs){extra}")

@@ -4,18 +4,30 @@ The train/validation split is a pure function of (document index, seed): documen
 a 64-bit hash of (seed, i) falls below `val_fraction`. The index counts every document read, kept or not,
 so the same input and seed always give the same split, and changing a filter (`min_bytes`) does not move
 the documents it keeps from one split to the other.
+
+Boundary tracks (see `shards.py`, `learntok.data.bpe`):
+- a user's segmentation (strategy `file`): `boundary_field` (JSON Lines: a list of token end byte offsets
+  per record) or `boundary_separator` (a string marking the cuts in the text, removed when stored),
+  shifted right by `boundary_shift` bytes, written with the shards as the `file` track;
+- BPE guidance (strategy `bpe`): with `bpe_rate`, once the shards are in place a byte-level BPE is fitted
+  to the training split at that rate, saved as `bpe/tokenizer.json`, and the shifted token ends of every
+  document are written as the `bpe` track (`add_bpe_track`, also usable on an existing dataset).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .readers import ReadStats, detect_format, iter_documents
+import numpy as np
+
+from .readers import ReadStats, detect_format, iter_documents, iter_segmented_documents
 from .shards import DEFAULT_SHARD_BYTES, DatasetWriter
 
 _MASK64 = (1 << 64) - 1
@@ -40,6 +52,12 @@ class PrepareOptions:
     overwrite: bool = False
     progress: bool = True
     extra_meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    boundary_field: str | None = None  # JSON Lines: field with each record's token end byte offsets (`file` track)
+    boundary_separator: str | None = None  # or: string marking token cuts in the text, removed (`file` track)
+    boundary_shift: int = 1  # the `file` track's boundaries are shifted right by this many bytes
+    bpe_rate: float | None = None  # fit a BPE to the training split at this rate and write the `bpe` track
+    bpe_max_vocab: int = 65536  # largest BPE vocabulary tried
+    bpe_train_bytes: int = 256 << 20  # BPE trained on at most this much training text (evenly spread)
 
 
 def _splitmix64(x: int) -> int:
@@ -66,6 +84,17 @@ def _check(opts: PrepareOptions) -> None:
         raise ValueError(f"--min-bytes must be >= 0, got {opts.min_bytes}")
     if opts.max_docs is not None and opts.max_docs <= 0:
         raise ValueError(f"--max-docs must be positive, got {opts.max_docs}")
+    if opts.boundary_field and opts.boundary_separator:
+        raise ValueError("give --boundary-field or --boundary-separator, not both")
+    if opts.boundary_separator == "":
+        raise ValueError("--boundary-separator must not be empty")
+    if opts.boundary_shift < 0:
+        raise ValueError(f"--boundary-shift must be >= 0, got {opts.boundary_shift}")
+    if opts.bpe_rate is not None and not 0.0 < opts.bpe_rate < 1.0:
+        raise ValueError(f"--bpe-rate must lie strictly between 0 and 1, got {opts.bpe_rate}")
+    if opts.bpe_rate is not None:
+        from .bpe import _tokenizers
+        _tokenizers()  # fail now, not after writing the shards, if the library is missing
     for item in opts.inputs:  # fail on a mistyped path before creating anything
         if opts.format == "auto":
             detect_format(item)
@@ -82,17 +111,15 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
     stats = ReadStats()
     counts = {"read": 0, "kept": 0, "empty": 0, "short": 0, "bytes_read": 0}
     start = time.perf_counter()
-    docs = iter_documents(
-        opts.inputs, opts.format, opts.field, skip_bad_lines=opts.skip_bad_lines,
-        raw_doc_bytes=opts.raw_doc_bytes, hf_split=opts.hf_split, stats=stats,
-    )
-    with DatasetWriter(opts.out, opts.shard_bytes, opts.overwrite) as writer, tqdm(
+    docs = _documents(opts, stats)
+    segmented = bool(opts.boundary_field or opts.boundary_separator)
+    with DatasetWriter(opts.out, opts.shard_bytes, opts.overwrite, tracks=("file",) if segmented else ()) as writer, tqdm(
         desc="prepare", unit="B", unit_scale=True, disable=not opts.progress, leave=False
     ) as bar:
         pending = 0  # bytes not yet shown on the bar: updating it per document costs more than the work
         for index, doc in enumerate(docs):
             _route(writer, index, doc, opts, counts)
-            pending += len(doc)
+            pending += len(doc[0] if isinstance(doc, tuple) else doc)
             if pending >= 1 << 20:
                 bar.update(pending)
                 bar.set_postfix(docs=counts["read"], refresh=False)
@@ -106,12 +133,64 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
             raise ValueError(_nothing_kept_message(opts, counts, stats))
         summary = _summary(opts, counts, stats, writer, seconds)
         meta = _meta(opts, counts)
+        if segmented:
+            meta["tracks"] = {"file": _file_track_info(opts, writer)}
+            summary["tracks"] = dict(meta["tracks"])
         writer.commit(meta, summary)
+    if opts.bpe_rate is not None:
+        from .bpe import add_bpe_track
+        summary.setdefault("tracks", {})["bpe"] = add_bpe_track(
+            opts.out, opts.bpe_rate, max_vocab=opts.bpe_max_vocab, train_bytes=opts.bpe_train_bytes,
+            progress=opts.progress)
+        _write_summary(opts.out, summary)
     return summary
 
 
-def _route(writer: DatasetWriter, index: int, doc: bytes, opts: PrepareOptions, counts: dict) -> None:
-    """Count one document and write it to its split, or count why it is dropped."""
+def _documents(opts: PrepareOptions, stats: ReadStats):
+    """The documents to store: bytes, or (bytes, token end offsets) with a user segmentation."""
+    if opts.boundary_field:
+        return iter_segmented_documents(opts.inputs, opts.field, opts.boundary_field,
+                                        skip_bad_lines=opts.skip_bad_lines, stats=stats)
+    docs = iter_documents(
+        opts.inputs, opts.format, opts.field, skip_bad_lines=opts.skip_bad_lines,
+        raw_doc_bytes=opts.raw_doc_bytes, hf_split=opts.hf_split, stats=stats,
+    )
+    if opts.boundary_separator:
+        return _split_separators(docs, opts.boundary_separator.encode("utf-8"))
+    return docs
+
+
+def _split_separators(docs, separator: bytes):
+    from .bpe import split_on_separator
+    try:
+        for doc in docs:
+            yield split_on_separator(doc, separator)
+    finally:
+        docs.close()
+
+
+def _file_track_info(opts: PrepareOptions, writer: DatasetWriter) -> dict[str, Any]:
+    source = (f"field {opts.boundary_field!r}" if opts.boundary_field
+              else f"separator {opts.boundary_separator!r}")
+    rates = {name: round(w.track_ones["file"] / max(1, w.bytes), 5) for name, w in writer.splits.items()}
+    return {"source": source, "shift": opts.boundary_shift, "rate_by_split": rates}
+
+
+def _write_summary(out: str | Path, summary: dict[str, Any]) -> None:
+    path = Path(out) / "summary.json"
+    tmp = path.parent / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _route(writer: DatasetWriter, index: int, doc, opts: PrepareOptions, counts: dict) -> None:
+    """Count one document (bytes, or (bytes, token end offsets)) and write it to its split, or count why
+    it is dropped."""
+    tracks = None
+    if isinstance(doc, tuple):
+        from .bpe import token_ends_to_boundaries
+        doc, ends = doc
+        tracks = {"file": token_ends_to_boundaries(np.asarray(ends, dtype=np.int64), len(doc), opts.boundary_shift)}
     counts["read"] += 1
     counts["bytes_read"] += len(doc)
     if not doc:
@@ -120,7 +199,7 @@ def _route(writer: DatasetWriter, index: int, doc: bytes, opts: PrepareOptions, 
         counts["short"] += 1
     else:
         counts["kept"] += 1
-        writer.add("val" if is_val(index, opts.seed, opts.val_fraction) else "train", doc)
+        writer.add("val" if is_val(index, opts.seed, opts.val_fraction) else "train", doc, tracks)
 
 
 def _nothing_kept_message(opts: PrepareOptions, counts: dict, stats: ReadStats) -> str:
@@ -173,6 +252,16 @@ def _meta(opts: PrepareOptions, counts: dict) -> dict[str, Any]:
     }
 
 
+def format_track(name: str, info: dict[str, Any]) -> str:
+    """One line on a boundary track."""
+    rates = ", ".join(f"{k} {v:.3f}" for k, v in info.get("rate_by_split", {}).items())
+    if name == "bpe":
+        note = "" if info.get("reached", True) else f" (target {info['target_rate']} not reachable: the closest)"
+        return (f"bpe track: vocabulary {info['vocab_size']}, boundary rate {rates}{note}; tokenizer in "
+                f"{info.get('tokenizer')}; BPE merges inside a word still depend on later bytes")
+    return f"{name} track ({info.get('source')}, shift {info.get('shift')}): boundary rate {rates}"
+
+
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as a few human-readable lines."""
     mb = lambda n: f"{n / 1e6:,.2f} MB"
@@ -187,6 +276,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"{name:>5}: {sp['documents']:,} documents, {mb(sp['bytes'])} in {sp['shards']} shard(s)")
     if s["splits"]["val"]["documents"] == 0:
         lines.append("warning: the validation split is empty (raise --val-fraction or add data)")
+    for name, info in s.get("tracks", {}).items():
+        lines.append(format_track(name, info))
     lines.append(f"{s['seconds']:.2f} s, {s['mb_per_s']:,.1f} MB/s -> {s['out']}")
     return "\n".join(lines)
 

@@ -11,6 +11,10 @@ Supported layouts, detected from the path unless a format is given:
 - `hf`: a Hugging Face dataset, by hub name (`HuggingFaceFW/fineweb`, streamed) or a local folder written
   by `save_to_disk` (needs `datasets`).
 
+Segmented documents (a user's own token boundaries, strategy `file`): `iter_segmented_documents` reads
+JSON Lines whose records also hold a list of token end offsets (bytes, exclusive) in `boundary_field`,
+e.g. {"text": "hello world", "tokens_end": [5, 11]}, and yields (document, offsets).
+
 Every reader counts what it sees in a `ReadStats`. Empty documents are yielded (and counted): dropping
 them is the caller's decision, so that document indices stay the same whatever the filters.
 """
@@ -220,6 +224,26 @@ def read_jsonl(
 
     A bad record (invalid JSON, not an object, no `field`, a value that is not a string) raises
     `DataFormatError` naming `path:line`, or is counted in `stats.bad_lines` with `skip_bad_lines`."""
+    return _read_jsonl_records(path, lambda line: _field_of_line(line, field), skip_bad_lines, stats)
+
+
+def read_jsonl_segmented(
+    path: str | Path,
+    field: str = "text",
+    boundary_field: str = "tokens_end",
+    *,
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[bytes, list[int]]]:
+    """(document, token end offsets) of each JSON object: the string `field` and the list of integers
+    `boundary_field`, byte offsets into the UTF-8 text, exclusive, strictly increasing, in (0, len].
+    Bad records as in `read_jsonl`."""
+    return _read_jsonl_records(path, lambda line: _segmented_line(line, field, boundary_field), skip_bad_lines,
+                               stats)
+
+
+def _read_jsonl_records(path: str | Path, parse, skip_bad_lines: bool, stats: ReadStats | None) -> Iterator:
+    """parse(line) for each non-blank line: bytes, or (bytes, payload)."""
     stats = stats if stats is not None else ReadStats()
     path = Path(path)
     stats.files += 1
@@ -230,14 +254,15 @@ def read_jsonl(
                 if not line.strip():
                     continue
                 try:
-                    doc = _field_of_line(line, field)
+                    record = parse(line)
                 except _BadRecord as e:
                     message = f"{path}:{lineno}: {e.message}"
                     if not skip_bad_lines:
                         raise DataFormatError(message) from None
                     stats.skip(message, e.reason)
                     continue
-                yield stats.count(doc)
+                stats.count(record[0] if isinstance(record, tuple) else record)
+                yield record
     except (EOFError, zlib.error, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
@@ -255,6 +280,53 @@ def _field_of_line(line: bytes, field: str) -> bytes:
     if not isinstance(record, dict):
         raise _BadRecord(f"expected a JSON object, got {type(record).__name__}", "not-object")
     return _text_value(record, field)
+
+
+def _segmented_line(line: bytes, field: str, boundary_field: str) -> tuple[bytes, list[int]]:
+    """(UTF-8 bytes of `record[field]`, its token end offsets `record[boundary_field]`)."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        detail = f"{e.msg}: column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise _BadRecord(f"invalid JSON ({detail})", "invalid-json") from None
+    if not isinstance(record, dict):
+        raise _BadRecord(f"expected a JSON object, got {type(record).__name__}", "not-object")
+    doc = _text_value(record, field)
+    if boundary_field not in record:
+        present = ", ".join(repr(k) for k in record) or "none"
+        raise _BadRecord(f"no boundary field {boundary_field!r} in the record; fields present: {present} "
+                         "(choose one with --boundary-field)", "missing-boundaries")
+    ends = record[boundary_field]
+    if not isinstance(ends, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in ends):
+        raise _BadRecord(f"boundary field {boundary_field!r} must be a list of integers (token end byte offsets)",
+                         "bad-boundaries")
+    if any(b <= a for a, b in zip(ends, ends[1:])) or (ends and (ends[0] <= 0 or ends[-1] > len(doc))):
+        raise _BadRecord(f"boundary field {boundary_field!r}: token end offsets must be strictly increasing and "
+                         f"lie in (0, {len(doc)}] (the text's length in UTF-8 bytes)", "bad-boundaries")
+    return doc, ends
+
+
+def iter_segmented_documents(
+    inputs: str | Path | Iterable[str | Path],
+    field: str = "text",
+    boundary_field: str = "tokens_end",
+    *,
+    skip_bad_lines: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[bytes, list[int]]]:
+    """(document, token end offsets) from JSON Lines files (or folders of them), in a deterministic order."""
+    stats = stats if stats is not None else ReadStats()
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    for item in inputs:
+        path = Path(item)
+        if not path.exists():
+            raise FileNotFoundError(f"{item}: no such file or folder")
+        for p in _files_under(path) if path.is_dir() else [path]:
+            if _format_from_suffix(p.name) != "jsonl":
+                raise DataFormatError(f"{p}: a boundary field needs JSON Lines input (.jsonl, .jsonl.gz, .json); "
+                                      "for other formats mark the boundaries with --boundary-separator")
+            yield from read_jsonl_segmented(p, field, boundary_field, skip_bad_lines=skip_bad_lines, stats=stats)
 
 
 def _text_value(record: dict[str, Any], field: str) -> bytes:

@@ -8,6 +8,13 @@ Layout of a prepared directory (written by `learntok prepare`):
     DIR/train/index_00000.npy       int64 offsets, one more than documents: doc i = bin[idx[i]:idx[i+1]]
     DIR/val/...                     the same for the validation split
 
+Optional boundary tracks (BPE guidance, a user's segmentation; see `learntok.data.bpe`):
+
+    DIR/train/track-bpe_00000.bin   one bit per byte of bytes_00000.bin (np.packbits, little bit order):
+                                    the boundary the model sees at that byte (already shifted)
+    DIR/bpe/tokenizer.json          the BPE that made the `bpe` track
+    meta.json "tracks": {"bpe": {...how it was made...}}; each shard entry lists its track files
+
 A document never crosses a shard boundary (a document longer than the shard size gets a shard of its
 own), so every shard can be read alone. The directory is written into a hidden temporary folder next to
 its destination and renamed into place at the end: a crash leaves no half-written dataset behind.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,32 +51,84 @@ def _index_name(i: int) -> str:
     return f"index_{i:05d}.npy"
 
 
+def _track_name(track: str, i: int) -> str:
+    return f"track-{track}_{i:05d}.bin"
+
+
+TRACK_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class BitWriter:
+    """Appends bool arrays to a file as packed bits (little bit order), whatever their lengths."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "wb", buffering=1 << 20)
+        self._pending = np.zeros(0, dtype=bool)  # fewer than 8 bits not yet written
+        self.bits = 0  # bits written so far
+
+    def write(self, bits: np.ndarray) -> None:
+        self.bits += len(bits)
+        bits = np.concatenate([self._pending, np.asarray(bits, dtype=bool)])
+        full = len(bits) // 8 * 8
+        self._file.write(np.packbits(bits[:full], bitorder="little").tobytes())
+        self._pending = bits[full:]
+
+    def close(self) -> None:
+        if len(self._pending):
+            self._file.write(np.packbits(self._pending, bitorder="little").tobytes())
+        self._file.close()
+
+
+def read_bits(packed: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Bits lo..hi-1 of a packed (little bit order) uint8 array, as bool."""
+    first = lo // 8
+    bits = np.unpackbits(packed[first: -(-hi // 8)], bitorder="little")
+    return bits[lo - 8 * first: hi - 8 * first].astype(bool)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Writing
 
 
 class SplitWriter:
     """Appends documents to the shards of one split, starting a new shard when the next document would
-    overflow `shard_bytes`."""
+    overflow `shard_bytes`. `tracks` names the boundary tracks every document comes with."""
 
-    def __init__(self, folder: Path, shard_bytes: int = DEFAULT_SHARD_BYTES):
+    def __init__(self, folder: Path, shard_bytes: int = DEFAULT_SHARD_BYTES, tracks: tuple[str, ...] = ()):
         if shard_bytes <= 0:
             raise ValueError(f"shard size must be positive, got {shard_bytes}")
+        for t in tracks:
+            if not TRACK_NAME.match(t):
+                raise ValueError(f"track name {t!r}: use lower-case letters, digits and _")
         self.folder = folder
         self.shard_bytes = shard_bytes
+        self.tracks = tuple(tracks)
+        self.track_ones = {t: 0 for t in self.tracks}  # boundaries written per track (for the summary)
         self.shards: list[dict[str, Any]] = []  # entries for meta.json, one per finished shard
         self.documents = 0
         self.bytes = 0
         self._file = None
+        self._track_files: dict[str, BitWriter] = {}
         self._offsets: list[int] = []
 
-    def add(self, doc: bytes) -> None:
-        """Append one document (must not be empty: an empty document has no byte to learn from)."""
+    def add(self, doc: bytes, tracks: dict[str, np.ndarray] | None = None) -> None:
+        """Append one document (must not be empty: an empty document has no byte to learn from), with one
+        bool per byte for each of the writer's tracks."""
         if not doc:
             raise ValueError("empty documents are not stored")
+        tracks = tracks or {}
+        if set(tracks) != set(self.tracks):
+            raise ValueError(f"document given tracks {sorted(tracks)}, the writer expects {sorted(self.tracks)}")
+        for name, bits in tracks.items():
+            if len(bits) != len(doc):
+                raise ValueError(f"track {name!r} has {len(bits)} entries for a document of {len(doc)} bytes")
         if self._file is None or (self._offsets[-1] > 0 and self._offsets[-1] + len(doc) > self.shard_bytes):
             self._start_shard()
         self._file.write(doc)
+        for name, bits in tracks.items():
+            self._track_files[name].write(bits)
+            self.track_ones[name] += int(np.count_nonzero(bits))
         self._offsets.append(self._offsets[-1] + len(doc))
         self.documents += 1
         self.bytes += len(doc)
@@ -83,19 +143,23 @@ class SplitWriter:
         self.folder.mkdir(parents=True, exist_ok=True)
         # A large buffer: documents are small and many, the disk likes big writes.
         self._file = open(self.folder / _bin_name(len(self.shards)), "wb", buffering=8 << 20)
+        self._track_files = {t: BitWriter(self.folder / _track_name(t, len(self.shards))) for t in self.tracks}
         self._offsets = [0]
 
     def _finish_shard(self) -> None:
         if self._file is None:
             return
         self._file.close()
+        for bits in self._track_files.values():
+            bits.close()
         i = len(self.shards)
         np.save(self.folder / _index_name(i), np.asarray(self._offsets, dtype=np.int64))
-        self.shards.append(
-            {"bytes_file": _bin_name(i), "index_file": _index_name(i),
-             "documents": len(self._offsets) - 1, "bytes": self._offsets[-1]}
-        )
-        self._file = None
+        entry = {"bytes_file": _bin_name(i), "index_file": _index_name(i),
+                 "documents": len(self._offsets) - 1, "bytes": self._offsets[-1]}
+        if self.tracks:
+            entry["tracks"] = {t: _track_name(t, i) for t in self.tracks}
+        self.shards.append(entry)
+        self._file, self._track_files = None, {}
 
     def close(self) -> dict[str, Any]:
         """Finish the last shard; returns this split's entry for meta.json."""
@@ -109,7 +173,8 @@ class DatasetWriter:
     `out`, which `commit` renames to `out`. Use as a context manager so that an error removes the
     temporary folder."""
 
-    def __init__(self, out: str | Path, shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False):
+    def __init__(self, out: str | Path, shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
+                 tracks: tuple[str, ...] = ()):
         self.out = Path(out)
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out} already exists; pass --overwrite to replace it")
@@ -120,10 +185,10 @@ class DatasetWriter:
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir()
-        self.splits = {name: SplitWriter(self.tmp / name, shard_bytes) for name in SPLITS}
+        self.splits = {name: SplitWriter(self.tmp / name, shard_bytes, tracks) for name in SPLITS}
 
-    def add(self, split: str, doc: bytes) -> None:
-        self.splits[split].add(doc)
+    def add(self, split: str, doc: bytes, tracks: dict[str, np.ndarray] | None = None) -> None:
+        self.splits[split].add(doc, tracks)
 
     def commit(self, meta: dict[str, Any], summary: dict[str, Any] | None = None) -> dict[str, Any]:
         """Close the shards, write meta.json (and summary.json), move the folder into place. Returns the
@@ -151,6 +216,8 @@ class DatasetWriter:
         for w in self.splits.values():
             if w._file is not None:
                 w._file.close()
+            for bits in w._track_files.values():
+                bits._file.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> DatasetWriter:
@@ -183,6 +250,8 @@ class Split:
     def __init__(self, root: Path, name: str, entry: dict[str, Any]):
         self.root = root
         self.name = name
+        self.entry = entry
+        self._tracks: dict[str, Track] = {}
         self.shards = [_open_shard(root / name, i, s) for i, s in enumerate(entry["shards"])]
         counts = np.array([len(s.offsets) - 1 for s in self.shards], dtype=np.int64)
         # first_doc[k] = global number of shard k's first document.
@@ -202,15 +271,100 @@ class Split:
         """Document i as a uint8 array (a view into the memory map: copy it to keep it)."""
         if not 0 <= i < self.num_documents:
             raise IndexError(f"document {i} out of range for {self.num_documents} documents")
-        k = int(np.searchsorted(self.first_doc, i, side="right")) - 1
-        shard, j = self.shards[k], i - int(self.first_doc[k])
+        k, j = self._locate(i)
+        shard = self.shards[k]
         return shard.data[shard.offsets[j]: shard.offsets[j + 1]]
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        """(shard, document within the shard) of document i."""
+        k = int(np.searchsorted(self.first_doc, i, side="right")) - 1
+        return k, i - int(self.first_doc[k])
+
+    def track_names(self) -> list[str]:
+        """The boundary tracks every shard of this split has."""
+        sets = [set(s.get("tracks", {})) for s in self.entry["shards"]]
+        return sorted(set.intersection(*sets)) if sets else []
+
+    def track(self, name: str) -> "Track":
+        """Boundary track `name` (opened on first use); ShardError if the split has none."""
+        if name not in self._tracks:
+            if name not in self.track_names():
+                raise ShardError(f"{self.root / self.name} has no boundary track {name!r} "
+                                 f"(tracks: {', '.join(self.track_names()) or 'none'})")
+            self._tracks[name] = Track(self, name)
+        return self._tracks[name]
 
     def doc_lengths(self) -> np.ndarray:
         """int64 length of every document, in order."""
         if not self.shards:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([np.diff(s.offsets) for s in self.shards])
+
+
+class Track:
+    """One boundary track of a split: a bool per byte of every document, numbered like the split."""
+
+    def __init__(self, split: Split, name: str):
+        self.split, self.name = split, name
+        self.packed = []
+        for shard, entry in zip(split.shards, split.entry["shards"]):
+            path = split.root / split.name / entry["tracks"][name]
+            if not path.exists():
+                raise ShardError(f"{path} is missing (listed in meta.json); re-create the {name!r} track")
+            expected = -(-len(shard.data) // 8)
+            if path.stat().st_size != expected:
+                raise ShardError(f"{path} is {path.stat().st_size} bytes, expected {expected} (one bit per byte of "
+                                 f"{entry['bytes_file']}); re-create the {name!r} track")
+            self.packed.append(np.memmap(path, dtype=np.uint8, mode="r") if expected else np.zeros(0, np.uint8))
+
+    def doc(self, i: int) -> np.ndarray:
+        """The track of document i, a bool array as long as the document."""
+        k, j = self.split._locate(i)
+        offsets = self.split.shards[k].offsets
+        return read_bits(self.packed[k], int(offsets[j]), int(offsets[j + 1]))
+
+
+def add_track(path: str | Path, name: str, compute, info: dict[str, Any], batch_docs: int = 1024,
+              progress: bool = False) -> dict[str, Any]:
+    """Add (or replace) boundary track `name` of an existing prepared dataset: `compute(docs)` maps a list
+    of documents (bytes) to one bool array per document, as long as it. Each track file is written under
+    a temporary name and renamed into place, meta.json (with `info` and the rate of boundaries per split
+    under "tracks") is replaced last, so an interrupted run leaves the dataset as it was. Returns the
+    track's entry in meta.json."""
+    if not TRACK_NAME.match(name):
+        raise ValueError(f"track name {name!r}: use lower-case letters, digits and _")
+    dataset = PreparedDataset(path)
+    meta = json.loads(json.dumps(dataset.meta))  # a copy to edit
+    total = sum(s["bytes"] for s in meta["splits"].values())
+    rates = {}
+    from tqdm import tqdm  # a dependency of learntok; imported here to keep module import light
+    with tqdm(total=total, desc=f"track {name}", unit="B", unit_scale=True, disable=not progress, leave=False) as bar:
+        for split_name, split_entry in meta["splits"].items():
+            split = dataset.split(split_name)
+            folder = dataset.path / split_name
+            ones = 0
+            for k, shard in enumerate(split.shards):
+                final = folder / _track_name(name, k)
+                writer = BitWriter(folder / f".{final.name}.tmp")
+                n_docs = len(shard.offsets) - 1
+                for lo in range(0, n_docs, batch_docs):
+                    docs = [bytes(shard.data[shard.offsets[j]: shard.offsets[j + 1]])
+                            for j in range(lo, min(n_docs, lo + batch_docs))]
+                    for doc, bits in zip(docs, compute(docs), strict=True):
+                        if len(bits) != len(doc):
+                            raise ValueError(f"track {name!r}: {len(bits)} entries for a document of {len(doc)} bytes")
+                        writer.write(bits)
+                        ones += int(np.count_nonzero(bits))
+                    bar.update(sum(len(d) for d in docs))
+                writer.close()
+                os.replace(writer.path, final)
+                split_entry["shards"][k].setdefault("tracks", {})[name] = final.name
+            rates[split_name] = round(ones / max(1, split_entry["bytes"]), 5)
+    meta.setdefault("tracks", {})[name] = {**info, "rate_by_split": rates}
+    tmp = dataset.path / ".meta.json.tmp"
+    _write_json(tmp, meta)
+    os.replace(tmp, dataset.path / "meta.json")
+    return meta["tracks"][name]
 
 
 def _open_shard(folder: Path, i: int, entry: dict[str, Any]) -> Shard:

@@ -593,6 +593,25 @@ def score_pairs(
 # --------------------------------------------------------------------------------------------
 
 
+def _num_samples(scores: Sequence[ContinuationScore]) -> int:
+    """K when every score carries the NLLs of K boundary draws (``sample_nll``), else 0."""
+    ks = {len(getattr(s, "sample_nll", ()) or ()) for s in scores}
+    return ks.pop() if len(ks) == 1 else 0
+
+
+def _sample_spread(scores: Sequence[ContinuationScore], k: int) -> dict[str, Any]:
+    """The task's mean bits-per-byte under each of the ``k`` draws and their sample standard
+    deviation: how much the number moves with the boundary draw (not a standard error over items)."""
+    per = [
+        math.fsum(s.sample_nll[j] / s.n_bytes for s in scores) / len(scores) / LN2 for j in range(k)
+    ]
+    m = math.fsum(per) / k
+    return {
+        "bpb_per_sample": per,
+        "bpb_std_over_samples": math.sqrt(math.fsum((x - m) ** 2 for x in per) / (k - 1)),
+    }
+
+
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
     """Mean and standard error of the mean, ``std / sqrt(n)`` with the sample (n-1) standard
     deviation, as lm-evaluation-harness reports stderr. SE is NaN for fewer than 2 values."""
@@ -717,6 +736,18 @@ def evaluate_multiple_choice(
         "chance_acc": (math.fsum(1.0 / len(it.candidates) for it in its) / n) if n else math.nan,
         "mean_candidate_bpb": (math.fsum(all_bpb) / len(all_bpb)) if all_bpb else math.nan,
     }
+    k = _num_samples(scores)
+    if k > 1:
+        extra.update(_sample_spread([scores[off + it.gold] for it, off in zip(its, offsets)], k))
+        accs = []
+        for j in range(k):
+            hits = 0
+            for it, off in zip(its, offsets):
+                cand = scores[off : off + len(it.candidates)]
+                per = [s.sample_nll[j] / s.n_bytes for s in cand]
+                hits += min(range(len(per)), key=per.__getitem__) == it.gold
+            accs.append(hits / n)
+        extra["acc_per_sample"] = accs
     return TaskResult(name, n, bpb, bpb_se, acc, acc_se, seconds, extra, item_bpb=gold_bpb)
 
 
@@ -753,6 +784,9 @@ def evaluate_lambada(
         if scores
         else math.nan,
     }
+    k = _num_samples(scores)
+    if k > 1:
+        extra.update(_sample_spread(scores, k))
     return TaskResult(name, len(its), bpb, bpb_se, acc, acc_se, seconds, extra, item_bpb=bpbs)
 
 

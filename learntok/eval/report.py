@@ -130,16 +130,20 @@ def render_markdown(
     bold_best: bool = True,
     with_accuracy: bool = True,
     title: str | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
     """Markdown in the layout of the paper's Table 1 (bits-per-byte of the correct continuation,
     lower is better, ± standard error), followed, if ``with_accuracy``, by the same table of
-    zero-shot accuracies (lowest-bpb candidate; LAMBADA greedy exact match)."""
+    zero-shot accuracies (lowest-bpb candidate; LAMBADA greedy exact match). ``notes``: lines
+    printed as a list under the heading (how boundaries were chosen, limits, ...)."""
     norm = _normalise(rows)
     out: list[str] = []
     if title:
         out += [f"## {title}", ""]
     out.append("Bits-per-byte of the correct continuation (lower is better), \u00b1 standard error.")
     out.append("")
+    if notes:
+        out += [f"- {_escape(n)}" for n in notes] + [""]
     out += _table(norm, columns, digits, "bpb", bold_best, higher_is_better=False)
     if with_accuracy:
         acc_cols = [
@@ -163,26 +167,39 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def report_dict(rows: Rows, *, columns: Sequence[tuple[str, str]] = COLUMNS) -> dict[str, Any]:
+def report_dict(
+    rows: Rows,
+    *,
+    columns: Sequence[tuple[str, str]] = COLUMNS,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """JSON-ready dict: ``{"columns": [{key, header}], "rows": [{"model", "results": {key:
-    TaskResult.to_dict()}}]}``. Results under keys that are not columns are kept too."""
+    TaskResult.to_dict()}}]}``, plus ``"meta"`` when given (evaluation settings). Results under
+    keys that are not columns are kept too."""
     norm = _normalise(rows)
-    return _clean(
-        {
-            "metric": "bits-per-byte of the correct continuation (mean over items, standard error); "
-            "acc: zero-shot accuracy",
-            "columns": [{"key": k, "header": h} for k, h in columns],
-            "rows": [
-                {"model": model, "results": {k: r.to_dict() for k, r in res.items()}}
-                for model, res in norm
-            ],
-        }
-    )
+    d: dict[str, Any] = {
+        "metric": "bits-per-byte of the correct continuation (mean over items, standard error); "
+        "acc: zero-shot accuracy",
+        "columns": [{"key": k, "header": h} for k, h in columns],
+        "rows": [
+            {"model": model, "results": {k: r.to_dict() for k, r in res.items()}}
+            for model, res in norm
+        ],
+    }
+    if meta is not None:
+        d["meta"] = dict(meta)
+    return _clean(d)
 
 
-def render_json(rows: Rows, *, columns: Sequence[tuple[str, str]] = COLUMNS, indent: int = 2) -> str:
+def render_json(
+    rows: Rows,
+    *,
+    columns: Sequence[tuple[str, str]] = COLUMNS,
+    indent: int = 2,
+    meta: Mapping[str, Any] | None = None,
+) -> str:
     """:func:`report_dict` as strict JSON text (no NaN)."""
-    return json.dumps(report_dict(rows, columns=columns), indent=indent, allow_nan=False) + "\n"
+    return json.dumps(report_dict(rows, columns=columns, meta=meta), indent=indent, allow_nan=False) + "\n"
 
 
 def write_report(
@@ -195,9 +212,11 @@ def write_report(
     bold_best: bool = True,
     with_accuracy: bool = True,
     title: str | None = None,
+    notes: Sequence[str] = (),
+    meta: Mapping[str, Any] | None = None,
 ) -> tuple[Path, Path]:
     """Write ``<out_dir>/<stem>.md`` and ``<out_dir>/<stem>.json`` (folder created if needed);
-    returns both paths."""
+    returns both paths. ``notes`` go into the Markdown, ``meta`` into the JSON."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
@@ -209,10 +228,11 @@ def write_report(
             bold_best=bold_best,
             with_accuracy=with_accuracy,
             title=title,
+            notes=notes,
         ),
         encoding="utf-8",
     )
-    json_path.write_text(render_json(rows, columns=columns), encoding="utf-8")
+    json_path.write_text(render_json(rows, columns=columns, meta=meta), encoding="utf-8")
     return md_path, json_path
 
 

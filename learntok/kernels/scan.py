@@ -20,9 +20,14 @@ On CPU the scan is a numba-compiled loop, parallel over the batch (B=128, N=4096
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
+
+# numba's default OpenMP layer leaves its threads spinning after a parallel scan returns, and on a
+# 2-core machine that slows every torch op that follows by up to 10x; its own `workqueue` layer sleeps.
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
 try:  # numba is a core dependency; the guard only keeps import errors readable
     import numba

@@ -148,25 +148,23 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.project(x, cos, sin)
+        return self._mix(*self.project(x, cos, sin))
+
+    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """This layer's attention pattern over (B, H, T, hd), then the output projection -> (B, T, C)."""
+        B, H, T, hd = q.shape
         if self.window is None:
             y = causal_attention(q, k, v, self.cap)
         else:
             y = sliding_window_attention(q, k, v, self.window, self.cap)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
+        return self.out(y.transpose(1, 2).reshape(B, T, H * hd))
 
     # --- incremental inference: `prefill` is `forward` that also fills the cache, `step` adds one position
 
     def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache") -> torch.Tensor:
-        B, T, C = x.shape
         q, k, v = self.project(x, cos, sin)
         cache.write_prompt(k, v)
-        if self.window is None:
-            y = causal_attention(q, k, v, self.cap)
-        else:
-            y = sliding_window_attention(q, k, v, self.window, self.cap)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
+        return self._mix(q, k, v)
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", slot: torch.Tensor,
              visible: torch.Tensor) -> torch.Tensor:

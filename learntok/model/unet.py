@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..boundaries import Boundaries, BoundaryInput, LossInputs, build_strategy
-from ..boundaries.base import BoundaryStep, BoundaryStepInput
+from ..boundaries.base import BoundaryStepInput
 from ..config import BoundaryConfig, ModelConfig
 from ..data.batch import PAD, VOCAB_SIZE, Batch
 from ..objectives import LN2, masked_mean
@@ -79,6 +79,10 @@ class Head(nn.Module):
 
 
 class ByteUNet(nn.Module):
+    # what `from_pretrained` knows beyond the weights (a `hub.ModelInfo`: full run config, training
+    # facts for the model card); None for a model built directly
+    info = None
+
     def __init__(self, cfg: ModelConfig, boundary_cfg: BoundaryConfig):
         super().__init__()
         self.cfg = cfg
@@ -104,17 +108,25 @@ class ByteUNet(nn.Module):
         # the early-exit head starts as a copy of the final head (paper §2.4)
         self.early_head.load_state_dict(copy.deepcopy(self.head.state_dict()))
 
-    def forward(self, inputs: torch.Tensor, *, doc_start: torch.Tensor | None = None,
-                supplied: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                prescribed: torch.Tensor | None = None, uniforms: torch.Tensor | None = None) -> UNetOutput:
-        """inputs (B, T) bytes with BOS first; `doc_start` (B, T) bool forces boundaries (packed data);
-        `supplied` (B, T) bool boundaries for strategies that take them from the data; `generator`
-        seeds sampling strategies; `prescribed` (B, T) bool replaces a sampling strategy's draws;
-        `uniforms` (B, T) replaces the random numbers it draws (per-row seeding for evaluation)."""
+    def encode(self, inputs: torch.Tensor) -> torch.Tensor:
+        """X (B, T, C): the byte encoder over inputs (B, T), what the boundary strategy reads."""
         B, T = inputs.shape
         positions = torch.arange(T, device=inputs.device).expand(B, T)
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C), Gemma's embedding scale
-        hidden = self.encoder(x, positions)  # X (B, T, C)
+        return self.encoder(x, positions)
+
+    def forward(self, inputs: torch.Tensor, *, doc_start: torch.Tensor | None = None,
+                supplied: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                prescribed: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
+                hidden: torch.Tensor | None = None) -> UNetOutput:
+        """inputs (B, T) bytes with BOS first; `doc_start` (B, T) bool forces boundaries (packed data);
+        `supplied` (B, T) bool boundaries for strategies that take them from the data; `generator`
+        seeds sampling strategies; `prescribed` (B, T) bool replaces a sampling strategy's draws;
+        `uniforms` (B, T) replaces the random numbers it draws (per-row seeding for evaluation);
+        `hidden` (B, T, C): `encode(inputs)` computed by the caller (gradient accumulation splits here)."""
+        B, T = inputs.shape
+        positions = torch.arange(T, device=inputs.device).expand(B, T)
+        hidden = self.encode(inputs) if hidden is None else hidden  # X (B, T, C)
         early_logits = self.early_head(hidden)
 
         forced = torch.zeros_like(inputs, dtype=torch.bool)

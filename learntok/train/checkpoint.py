@@ -3,16 +3,20 @@
     step_000200/
       model.safetensors       weights
       optimizer.safetensors   AdamW moments (one tensor per parameter and moment)
-      state.json              step, bytes, config, RNG and data positions, optimizer hyper-parameters
+      state.json              step, bytes, config, RNG and data positions, optimizer hyper-parameters,
+                              and the size and SHA-256 of each .safetensors file
 
-The directory is written under a temporary name and renamed into place only when complete, so a crash
-or a full disk never leaves a half-written checkpoint under a real name. Loading checks every file and
-says what is wrong.
+The directory is written under a temporary name (`.tmp_step_000200`), its files and the directory are
+fsynced, and only then is it renamed into place, so a crash, a kill or a full disk never leaves a
+half-written checkpoint under a real name: the previous checkpoints stay as they were. Loading checks
+every file against the sizes and checksums recorded when it was written and says what is wrong
+(missing, truncated, corrupt, written for another model).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -25,14 +29,15 @@ from safetensors.torch import load_file, save_file
 
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded, with the reason."""
+    """A checkpoint that cannot be written or loaded, with the reason."""
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = optimizer.state_dict()
+def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """An `optimizer.state_dict()` as flat tensors ("<param id>.<key>") and JSON metadata."""
     tensors, scalars = {}, {}
     for pid, pstate in state["state"].items():
         for key, value in pstate.items():
@@ -43,7 +48,8 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    """The inverse of `_optimizer_tensors`: an `optimizer.state_dict()`."""
     state: dict[int, dict] = {}
     for name, value in tensors.items():
         pid, key = name.split(".", 1)
@@ -51,7 +57,7 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torc
     for name, value in meta["scalars"].items():
         pid, key = name.split(".", 1)
         state.setdefault(int(pid), {})[key] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def rng_to_json(generator: torch.Generator) -> str:
@@ -62,9 +68,36 @@ def rng_from_json(generator: torch.Generator, text: str) -> None:
     generator.set_state(torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8))
 
 
-def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    state: dict, keep: int = 2) -> Path:
-    """Write `run_dir/step_XXXXXX` atomically and keep only the newest `keep` checkpoints."""
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is then as durable as it gets
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
+                    state: dict, keep: int = 2, *, model_state: dict | None = None,
+                    optimizer_state: dict | None = None) -> Path:
+    """Write `run_dir/step_XXXXXX` atomically and keep only the newest `keep` checkpoints (0: all).
+    `model_state` / `optimizer_state`: full state dicts gathered beforehand (sharded training), used
+    instead of `model.state_dict()` / `optimizer.state_dict()`.
+
+    On any error (a full disk: OSError ENOSPC) the temporary directory is removed and the error raised;
+    the checkpoints already there are untouched."""
     run_dir = Path(run_dir)
     final = run_dir / f"step_{step:06d}"
     tmp = run_dir / f".tmp_step_{step:06d}"
@@ -72,26 +105,46 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(weights, str(tmp / "model.safetensors"))
+        weights = model_state if model_state is not None else model.state_dict()
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
         full_state = {"format_version": FORMAT_VERSION, "step": step, **state}
-        if optimizer is not None:
-            tensors, meta = _optimizer_tensors(optimizer)
+        if optimizer_state is None and optimizer is not None:
+            optimizer_state = optimizer.state_dict()
+        if optimizer_state is not None:
+            tensors, meta = _optimizer_tensors(optimizer_state)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             full_state["optimizer"] = meta
+        full_state["files"] = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                               for f in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(json.dumps(full_state, indent=1))
         for f in tmp.iterdir():  # make the bytes durable before the rename publishes them
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        _fsync_dir(tmp)
+        old = None
+        if final.exists():  # the same step saved again: move the old copy aside, never delete it first
+            old = run_dir / f".old_step_{step:06d}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
         os.replace(tmp, final)
+        _fsync_dir(run_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    for stale in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def remove_partial(run_dir: Path) -> list[Path]:
+    """Delete the temporary directories a killed process may have left; returns what was removed."""
+    run_dir = Path(run_dir)
+    found = [p for p in run_dir.glob(".tmp_step_*") if p.is_dir()] if run_dir.is_dir() else []
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True)
+    return found
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -114,6 +167,13 @@ def latest_checkpoint(path: Path) -> Path:
     return found[-1]
 
 
+def _earlier_hint(ckpt: Path) -> str:
+    earlier = [p.name for p in list_checkpoints(ckpt.parent) if p != ckpt]
+    if not earlier:
+        return ""
+    return f" (earlier checkpoints in {ckpt.parent}: {', '.join(earlier)}; remove this one to resume from those)"
+
+
 def read_state(ckpt: Path) -> dict:
     ckpt = Path(ckpt)
     try:
@@ -121,7 +181,9 @@ def read_state(ckpt: Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"{ckpt}: missing state.json; not a learntok checkpoint") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{ckpt}/state.json is corrupt: {e}") from None
+        raise CheckpointError(f"{ckpt}/state.json is corrupt: {e}{_earlier_hint(ckpt)}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{ckpt}/state.json is corrupt: not a JSON object{_earlier_hint(ckpt)}")
     version = state.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{ckpt}: checkpoint format version {version}, this learntok reads {FORMAT_VERSION}")
@@ -129,16 +191,36 @@ def read_state(ckpt: Path) -> dict:
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load one .safetensors file of a checkpoint, first checking it against the size and SHA-256 that
+    state.json recorded (checkpoints written before checksums existed are only parsed)."""
+    ckpt = path.parent
     if not path.exists():
-        raise CheckpointError(f"{path}: missing")
+        raise CheckpointError(f"{path}: missing{_earlier_hint(ckpt)}")
+    try:
+        expected = json.loads((ckpt / "state.json").read_text()).get("files", {}).get(path.name)
+    except (OSError, ValueError):
+        expected = None
+    if expected is not None:
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise CheckpointError(f"{path} is truncated or damaged: {size:,} bytes, {expected['bytes']:,} were "
+                                  f"written{_earlier_hint(ckpt)}")
+        if _sha256(path) != expected["sha256"]:
+            raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded when it was "
+                                  f"written{_earlier_hint(ckpt)}")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is corrupt or truncated: {e}") from None
+        raise CheckpointError(f"{path} is corrupt or truncated: {e}{_earlier_hint(ckpt)}") from None
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     """Load model weights; a mismatch names the missing, unexpected or mis-shaped tensors."""
+    model.load_state_dict(read_weights(model, ckpt))
+
+
+def read_weights(model: torch.nn.Module, ckpt: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's full weights, checked against `model`'s names and (global) shapes."""
     weights = _load_tensors(Path(ckpt) / "model.safetensors")
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
@@ -148,15 +230,36 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
         detail = "; ".join(filter(None, [
             f"missing {missing[:5]}" if missing else "",
             f"unexpected {unexpected[:5]}" if unexpected else "",
-            f"shape mismatch {[(k, tuple(weights[k].shape), tuple(own[k].shape)) for k in wrong[:5]]}" if wrong else "",
+            "shape mismatch (tensor, checkpoint, model) "
+            f"{[(k, tuple(weights[k].shape), tuple(own[k].shape)) for k in wrong[:5]]}" if wrong else "",
         ]))
         raise CheckpointError(f"{ckpt}: weights do not fit this model ({detail})")
-    model.load_state_dict(weights)
+    return weights
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, ckpt: Path, state: dict) -> None:
-    tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
     try:
-        _restore_optimizer(optimizer, tensors, state["optimizer"])
+        optimizer.load_state_dict(read_optimizer_state(ckpt, state))
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{ckpt}: optimizer state does not fit this model: {e}") from None
+
+
+def read_optimizer_state(ckpt: Path, state: dict) -> dict:
+    """The checkpoint's full `optimizer.state_dict()` (parameters numbered as in `model.parameters()`)."""
+    tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
+    try:
+        return _optimizer_state(tensors, state["optimizer"])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{ckpt}: optimizer state does not fit this model: {e}") from None
+
+
+def config_differences(saved: dict, requested: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, saved value, requested value) for every leaf that differs between two config dicts."""
+    out = []
+    for key in sorted(set(saved) | set(requested)):
+        a, b = saved.get(key), requested.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out

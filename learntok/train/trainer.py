@@ -1,26 +1,66 @@
-"""The training loop: AdamW, warmup then cosine in bytes, gradient clipping, JSON-lines metrics,
-atomic checkpoints and exact resume. Deterministic on CPU for a given seed.
+"""The training loop: AdamW, warmup then cosine in bytes, gradient accumulation, one gradient clipping
+per optimizer step, skipped non-finite steps, JSON-lines (and TensorBoard) metrics, atomic checkpoints
+and exact resume. Deterministic on CPU for a given seed: a run killed at any point and resumed writes the
+same metrics, step for step, as one that was never interrupted (timings aside).
 
 Randomness has three independent, checkpointed sources: the model initialisation (torch's global
-seed), the data order (the data source's own state) and the boundary samples (`self.sample_rng`).
+seed), the data order (the data source's own state) and the boundary samples (`self.sample_rng`, from
+which the uniforms of the whole global batch are drawn before it is split into micro-batches).
+
+Metrics (`metrics.jsonl`, one JSON object per line, every `log_every` steps): the step's metrics
+averaged over the applied steps since the previous line, plus
+  step, bytes          optimizer steps and byte positions (padding included) consumed so far;
+  flops                cumulative training FLOPs as in paper §4.2: 6 per matrix parameter per byte for
+                       the byte-level layers (encoder, decoder, heads, boundary predictor) and per token
+                       slot for the token-level layers; embeddings and attention scores are not counted.
+                       Token slots are the token positions computed, B x M per (micro-)batch, M being the
+                       longest token sequence rounded up to `model.token_multiple` (the paper: "variations
+                       in the max token sequence length in the batch"); `padding_fraction` is the share of
+                       slots that held no real token;
+  skipped_steps        steps skipped so far because their loss or gradients were not finite;
+  bytes_per_s          throughput over the window (the only field that varies between identical runs);
+  val_*                held-out metrics, every `eval_every` steps and at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
+import os
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
 
-from ..config import RunConfig, from_dict, to_dict
+from ..config import RunConfig, to_dict
 from ..data.batch import PAD, Batch
 from ..model.unet import ByteUNet
 from . import checkpoint as ckpt_io
+from .accumulate import accumulate_gradients, split_rows
+from .distributed import (
+    DistInfo,
+    clip_with_norm_,
+    full_model_state,
+    full_optimizer_state,
+    init_distributed,
+    load_full_state,
+    local_grad_sq,
+    parallelize,
+    sync_gradients,
+)
+
+TIMING_FIELDS = ("bytes_per_s",)  # metric fields that depend on the machine's speed, not on the run
+RANK_INVARIANT = ("lr", "grad_norm")  # metrics that are the same on every rank (not summed over ranks)
+
+
+class NonFiniteError(FloatingPointError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
 def lr_at(bytes_seen: float, cfg) -> float:
@@ -38,6 +78,22 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def set_threads(n: int) -> None:
+    """CPU threads of torch and of the boundary scan (0: leave the defaults). numba's OpenMP threading
+    layer, started by the first boundary scan, resets OpenMP's thread count: it would undo
+    torch.set_num_threads, and results would depend on whether a scan had already run in this process
+    (reductions split differently over 1 and 2 threads). Starting the layer first keeps both settings."""
+    try:
+        import numba
+        numba.get_num_threads()  # starts numba's threading layer
+        if n > 0:
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:  # pragma: no cover - numba is a dependency
+        pass
+    if n > 0:
+        torch.set_num_threads(n)
+
+
 def build_model(cfg: RunConfig) -> ByteUNet:
     torch.manual_seed(cfg.train.seed)
     return ByteUNet(cfg.model, cfg.boundaries)
@@ -50,47 +106,109 @@ class DataSources:
     description: str
 
 
+def rank_config(cfg: RunConfig, world_size: int) -> RunConfig:
+    """The config a rank's data loader sees: its share of the global batch (`batch_size / world_size`
+    rows), and as many more held-out batches, so that the held-out sequences are those of one process."""
+    if world_size == 1:
+        return cfg
+    out = copy.deepcopy(cfg)
+    out.train.batch_size = cfg.train.batch_size // world_size
+    out.train.eval_batches = cfg.train.eval_batches * world_size
+    return out
+
+
 def make_data(cfg: RunConfig, rank: int = 0, world_size: int = 1) -> DataSources:
-    t = cfg.train
-    if cfg.data.source == "demo":
-        from ..data.demo import StreamBatches, build_demo_corpus, stream_eval_batches
-        corpus = build_demo_corpus(cfg.data.val_fraction)
-        return DataSources(
-            StreamBatches(corpus.train, t.seq_len, t.batch_size, seed=t.seed, rank=rank, world_size=world_size),
-            stream_eval_batches(corpus.val, t.seq_len, t.batch_size, t.eval_batches),
-            f"demo corpus: {len(corpus.train):,} train bytes ({corpus.n_train_docs} docs), "
-            f"{len(corpus.val):,} held-out bytes ({corpus.n_val_docs} docs)")
+    """This rank's data; `cfg` is the rank's (see `rank_config`)."""
+    if cfg.data.source == "demo":  # windows of the demo corpus (with BPE boundaries for boundaries.name=bpe)
+        from ..data.loader import open_demo
+        return open_demo(cfg, rank=rank, world_size=world_size)
     from ..data.loader import open_prepared  # a directory made by `learntok prepare`
+    if not Path(cfg.data.source).is_dir():
+        raise FileNotFoundError(f"data.source={cfg.data.source!r} is neither 'demo' nor a directory; make one with "
+                                f"`learntok prepare CORPUS --out {cfg.data.source}`")
     return open_prepared(cfg, rank=rank, world_size=world_size)
 
 
 @torch.no_grad()
 def evaluate(model: ByteUNet, batches: list[Batch], seed: int = 1234, samples: int = 1,
-             device: torch.device | None = None) -> dict:
+             device: torch.device | None = None, max_rows: int | None = None, dist: DistInfo | None = None,
+             global_rows: int | None = None) -> dict:
     """Held-out bits-per-byte with sampled boundaries (eval mode: no policy softcap), averaged over
-    `samples` seeded draws; also the realised boundary rate. Byte-weighted over all batches."""
+    `samples` seeded draws; also the realised boundary rate. Byte-weighted over all batches, which run
+    at most `max_rows` sequences at a time (the training micro-batch: the same memory).
+
+    With several ranks (`dist`), `batches` are this rank's copy of all held-out sequences in batches of
+    any size; they are cut as one process cuts them (global batches of `global_rows`, then pieces of at
+    most `max_rows`), the pieces are dealt round-robin to the ranks, every rank draws the uniforms of every
+    piece (so each piece samples what it samples in one process), and the sums are all-reduced."""
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
-    per_sample = []
-    rate_num = rate_den = 0.0
+    spread_over = dist if dist is not None and dist.enabled else None
+    if spread_over is not None:
+        batches = _concat_batches(batches, global_rows or len(batches[0].inputs))
+    pieces = []
+    for whole in batches:
+        n_pieces = -(-len(whole.inputs) // max_rows) if max_rows else 1  # ceil
+        pieces += [piece for _, piece in split_rows(whole, n_pieces)]
+    stochastic = getattr(model.boundaries, "stochastic", False)
+    sums = torch.zeros(samples * 2 + 2, dtype=torch.float64, device=device)  # (nll, n) per sample, rate num/den
     for s in range(samples):
         gen = torch.Generator(device=device).manual_seed(seed + s)
-        nll = n = 0.0
-        for batch in batches:
+        for i, batch in enumerate(pieces):
+            uniforms = None
+            if spread_over is not None:
+                uniforms = torch.rand(batch.inputs.shape, generator=gen, device=device) if stochastic else None
+                if i % spread_over.world_size != spread_over.rank:
+                    continue
             batch = batch.to(device)
-            _, metrics, out = model.loss(batch, gen)
-            count = float(metrics["bytes"])
-            nll += float(metrics["bpb"]) * count
-            n += count
+            _, metrics, out = model.loss(batch, gen, uniforms=uniforms)
             real = batch.inputs != PAD
-            rate_num += float(out.boundaries.a[real].sum())
-            rate_den += float(real.sum())
-        per_sample.append(nll / max(n, 1))
+            sums[2 * s] += metrics["bpb"].double() * metrics["bytes"]
+            sums[2 * s + 1] += metrics["bytes"]
+            sums[-2] += out.boundaries.a[real].sum()
+            sums[-1] += real.sum()
+        if spread_over is not None and spread_over.parallel == "fsdp":
+            # sharded weights are gathered collectively: every rank runs as many forward passes
+            mine = len(range(spread_over.rank, len(pieces), spread_over.world_size))
+            for _ in range(-(-len(pieces) // spread_over.world_size) - mine):
+                model.loss(pieces[0].to(device), gen, uniforms=torch.zeros(pieces[0].inputs.shape, device=device))
+    if spread_over is not None:
+        spread_over.all_reduce(sums)
+    values = sums.tolist()
     model.train(was_training)
+    per_sample = [values[2 * s] / max(values[2 * s + 1], 1) for s in range(samples)]
     mean = sum(per_sample) / len(per_sample)
     spread = (sum((x - mean) ** 2 for x in per_sample) / (len(per_sample) - 1)) ** 0.5 if samples > 1 else 0.0
-    return {"bpb": mean, "bpb_std_over_samples": spread, "boundary_rate": rate_num / max(rate_den, 1), "samples": samples}
+    return {"bpb": mean, "bpb_std_over_samples": spread, "boundary_rate": values[-2] / max(values[-1], 1),
+            "samples": samples}
+
+
+def _concat_batches(batches: list[Batch], rows: int) -> list[Batch]:
+    """The rows of `batches`, in order, re-cut into batches of `rows` (the last may be smaller)."""
+    fields = []
+    for name in ("inputs", "targets", "doc_start", "boundaries"):
+        parts = [getattr(b, name) for b in batches]
+        fields.append(None if any(p is None for p in parts) else torch.cat(parts))
+    n = len(fields[0])
+    return [Batch(*(None if f is None else f[lo: lo + rows] for f in fields)) for lo in range(0, n, rows)]
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl; a last line cut short by a kill is ignored."""
+    rows = []
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class Trainer:
@@ -100,134 +218,340 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.progress = progress
         t = cfg.train
-        if t.threads > 0:
-            torch.set_num_threads(t.threads)
-        self.device = resolve_device(t.device)
-        self.model = build_model(cfg).to(self.device)
+        set_threads(t.threads)
+        # torchrun's processes join one group here; one process is rank 0 of 1 (train/distributed.py)
+        self.dist, self.device = init_distributed(t.device, t.parallel)
+        world = self.dist.world_size
+        if t.batch_size % (world * t.micro_batches):
+            raise ValueError(f"train.batch_size={t.batch_size} must split into {world} ranks x "
+                             f"train.micro_batches={t.micro_batches} micro-batches")
+        if t.precision == "bf16" and self.device.type == "cpu":
+            warnings.warn("train.precision=bf16 on a CPU: bf16 autocast is about 10x slower there than fp32", stacklevel=2)
+        # the same initialisation on every rank (same seed); FSDP then keeps each rank's shards
+        self.model = parallelize(build_model(cfg).to(self.device), cfg, self.dist)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2),
                                            weight_decay=t.weight_decay)
-        self.data = data or make_data(cfg)
+        # `data`, when given, is this rank's (its share of the global batch)
+        self.data = data or make_data(rank_config(cfg, world), self.dist.rank, world)
+        self._stop_elsewhere = self._time_up = False  # another rank's signal; this rank's time limit
         self.sample_rng = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.step = 0
         self.bytes_seen = 0
         self.flops = 0
-        self.skipped_steps = 0
+        self.bad_in_a_row = 0  # consecutive skipped steps
+        self.bad_total = 0  # skipped steps over the whole run
         self.bytes_per_step = t.batch_size * t.seq_len
         self.total_steps = max(1, math.ceil(t.training_bytes / self.bytes_per_step))
-        self._stop_signal = None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._window: dict = {"sums": {}, "n": 0}  # metric sums since the last log line (checkpointed)
+        self._saved_step: int | None = None
+        self._stop_signal: int | None = None
+        self.stopped_by: int | None = None  # the signal that stopped `train`, if one did
+        self.resumed_from: Path | None = None
+        main = self.dist.is_main  # only rank 0 writes files
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt_io.remove_partial(self.run_dir)  # a checkpoint a killed process was writing
+        self.dist.barrier()
+        if resume and ckpt_io.list_checkpoints(self.run_dir):
             self._resume()
         else:
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            if not resume and ckpt_io.list_checkpoints(self.run_dir):
+                raise ckpt_io.CheckpointError(f"{self.run_dir} already holds a run with checkpoints; continue it "
+                                              f"with --resume {self.run_dir}, or choose another --run-dir")
+            if main:
+                self.metrics_path.write_text("")
+        if main:
+            _write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        self.dist.barrier()
+        if t.compile:
+            for stack in (self.model.encoder, self.model.mid, self.model.decoder):
+                stack.compile()  # in place: parameter names, and so checkpoints, are unchanged
+        self.tb_writer = self._open_tensorboard() if t.tensorboard and main else None
+
+    def _autocast(self):
+        """bf16 autocast for `train.precision=bf16`: weights and optimizer stay fp32 (master weights);
+        the losses, softcaps, policy logits and the scan are computed in fp32 by the model."""
+        if self.cfg.train.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     # --- checkpoints -----------------------------------------------------------------------------
 
     def _state(self) -> dict:
-        return {"bytes_seen": self.bytes_seen, "flops": self.flops, "skipped_steps": self.skipped_steps,
-                "config": to_dict(self.cfg), "data": self.data.train.state_dict(),
-                "sample_rng": ckpt_io.rng_to_json(self.sample_rng), "torch_rng": ckpt_io.rng_to_json(torch.default_generator)}
+        return {"bytes_seen": self.bytes_seen, "flops": self.flops, "bad_in_a_row": self.bad_in_a_row,
+                "bad_total": self.bad_total, "config": to_dict(self.cfg), "data": self.data.train.state_dict(),
+                "sample_rng": ckpt_io.rng_to_json(self.sample_rng),
+                "torch_rng": ckpt_io.rng_to_json(torch.default_generator),
+                # float32 sums as Python floats: exact, so a resumed run's next log line is the same
+                "window": {"n": self._window["n"], "sums": {k: float(v) for k, v in self._window_sums().items()}}}
+
+    def _window_sums(self) -> dict[str, torch.Tensor]:
+        """The metric sums since the last log line, over all ranks (a collective with several ranks)."""
+        sums = self._window["sums"]
+        if not self.dist.enabled:
+            return sums
+        summed = self.dist.sum_dict({k: v for k, v in sums.items() if k not in RANK_INVARIANT})
+        return {**summed, **{k: v for k, v in sums.items() if k in RANK_INVARIANT}}
 
     def save(self) -> Path:
-        return ckpt_io.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self._state(),
-                                       keep=self.cfg.train.keep_checkpoints)
+        """Checkpoint the current step (once per step). A failure to write (a full disk) leaves the
+        earlier checkpoints as they were and raises CheckpointError saying so."""
+        if self._saved_step == self.step:
+            return ckpt_io.latest_checkpoint(self.run_dir)
+        # every rank takes part in gathering the full state (FSDP, the window sums); rank 0 writes it
+        state = self._state()
+        weights = full_model_state(self.model, self.dist)
+        optimizer_state = full_optimizer_state(self.model, self.optimizer, self.dist)
+        if not self.dist.is_main:
+            self._saved_step = self.step
+            self.dist.barrier()
+            return self.run_dir / f"step_{self.step:06d}"
+        try:
+            path = ckpt_io.save_checkpoint(self.run_dir, self.step, None, None, state,
+                                           keep=self.cfg.train.keep_checkpoints, model_state=weights,
+                                           optimizer_state=optimizer_state)
+        except OSError as e:
+            self.dist.barrier()
+            previous = ckpt_io.list_checkpoints(self.run_dir)
+            kept = f"the newest complete checkpoint, {previous[-1]}, is intact" if previous else "no earlier checkpoint"
+            raise ckpt_io.CheckpointError(f"could not write the checkpoint of step {self.step} in {self.run_dir}: "
+                                          f"{e}; nothing half-written was left, {kept}") from e
+        self._saved_step = self.step
+        self.dist.barrier()  # the checkpoint is complete before any rank goes on (or exits)
+        return path
 
     def _resume(self) -> None:
         ckpt = ckpt_io.latest_checkpoint(self.run_dir)
         state = ckpt_io.read_state(ckpt)
-        saved = from_dict(state["config"])
-        if to_dict(saved.model) != to_dict(self.cfg.model) or saved.boundaries.name != self.cfg.boundaries.name:
-            raise ckpt_io.CheckpointError(f"{ckpt}: saved model config differs from the requested one")
-        ckpt_io.load_weights(self.model, ckpt)
-        ckpt_io.load_optimizer(self.optimizer, ckpt, state)
+        diffs = ckpt_io.config_differences(state.get("config", {}), to_dict(self.cfg))
+        fatal = [d for d in diffs if d[0].startswith("model.") or d[0] == "boundaries.name"]
+        if fatal:
+            detail = "; ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, a, b in fatal)
+            raise ckpt_io.CheckpointError(f"{ckpt} was written by another model ({detail})")
+        for key, a, b in diffs:
+            if a is not None:  # fields added since the checkpoint was written are not worth a line
+                print(f"note: resuming with {key}={b!r} (the checkpoint had {a!r})")
+        # full (unsharded) state dicts, whatever the number of ranks that wrote them
+        weights = ckpt_io.read_weights(self.model, ckpt)
+        optimizer_state = ckpt_io.read_optimizer_state(ckpt, state)
+        try:
+            load_full_state(self.model, self.optimizer, weights, optimizer_state, self.dist)
+        except (KeyError, ValueError) as e:
+            raise ckpt_io.CheckpointError(f"{ckpt}: optimizer state does not fit this model: {e}") from None
+        try:
+            self.data.train.load_state_dict(state["data"])
+        except (KeyError, ValueError) as e:
+            raise ckpt_io.CheckpointError(f"{ckpt}: cannot continue its data stream: {e}") from None
         self.step = state["step"]
-        self.bytes_seen, self.flops, self.skipped_steps = state["bytes_seen"], state["flops"], state["skipped_steps"]
-        self.data.train.load_state_dict(state["data"])
+        self.bytes_seen, self.flops = state["bytes_seen"], state["flops"]
+        self.bad_in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
+        self.bad_total = state.get("bad_total", self.bad_in_a_row)
+        window = state.get("window", {"n": 0, "sums": {}})
+        # sums over all ranks: rank 0 holds them (summed again at the next log line), the others zeros,
+        # except the metrics that are the same on every rank
+        keep = self.dist.is_main
+        self._window = {"n": window["n"], "sums": {
+            k: torch.tensor(v if keep or k in RANK_INVARIANT else 0.0, dtype=torch.float32, device=self.device)
+            for k, v in window["sums"].items()}}
         ckpt_io.rng_from_json(self.sample_rng, state["sample_rng"])
         ckpt_io.rng_from_json(torch.default_generator, state["torch_rng"])
-        # drop metric lines written after this checkpoint: the resumed run writes them again
-        metrics = self.run_dir / "metrics.jsonl"
-        if metrics.exists():
-            kept = [l for l in metrics.read_text().splitlines() if l and json.loads(l).get("step", 0) <= self.step]
-            metrics.write_text("".join(l + "\n" for l in kept))
+        self._saved_step = self.step
+        self.resumed_from = ckpt
+        # drop the metric lines written after this checkpoint (and a line cut short): they come again
+        if self.dist.is_main:
+            kept = [r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= self.step]
+            _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    # --- metrics ---------------------------------------------------------------------------------
+
+    def _open_tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+        # purge_step drops events a killed run wrote after its last checkpoint
+        return SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.step + 1 if self.step else None)
+
+    def _log(self, seconds: float, extra: dict | None = None) -> dict:
+        """Write a metrics line (rank 0; with several ranks every rank must call it: the sums are reduced)."""
+        sums, n = self._window_sums(), self._window["n"]
+        sums = {k: v.cpu() for k, v in sums.items()}  # one copy to the host per log line
+        row = {"step": self.step, "bytes": self.bytes_seen, "flops": self.flops}
+        if n:
+            row.update({k: float(v) / n for k, v in sums.items() if k not in ("tokens", "token_slots", "bytes")})
+            row["bytes_per_s"] = float(sums["bytes"]) / max(seconds, 1e-9)
+            row["padding_fraction"] = 1.0 - float(sums["tokens"]) / max(float(sums["token_slots"]), 1.0)
+        row["skipped_steps"] = self.bad_total
+        row.update(extra or {})
+        self._window = {"sums": {}, "n": 0}
+        if not self.dist.is_main:
+            return row
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb_writer is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb_writer.add_scalar(k, v, self.step)
+            self.tb_writer.flush()
+        return row
 
     # --- the loop --------------------------------------------------------------------------------
 
-    def train_step(self, batch: Batch) -> dict:
+    def _uniforms(self, batch: Batch) -> torch.Tensor | None:
+        """The draws of a sampling strategy for the whole global batch (B, T), taken before the batch is
+        split, so that micro-batching does not change which boundaries are sampled. With several ranks,
+        every rank draws the whole global batch's and keeps its own rows (block `rank` of the rows)."""
+        if not getattr(self.model.boundaries, "stochastic", False):
+            return None
+        rows, T = batch.inputs.shape
+        u = torch.rand((rows * self.dist.world_size, T), generator=self.sample_rng, device=self.device)
+        return u[self.dist.rank * rows:(self.dist.rank + 1) * rows] if self.dist.enabled else u
+
+    def _global_totals(self, batch: Batch) -> dict:
+        """Counts over the global batch: the denominators of the per-byte means (one small all-reduce)."""
+        counts = torch.stack([batch.valid.sum(), (batch.inputs != PAD).sum()])
+        self.dist.all_reduce(counts)
+        return {"rows": batch.inputs.shape[0] * self.dist.world_size, "valid": counts[0], "real": counts[1]}
+
+    def train_step(self, batch: Batch) -> dict | None:
+        """One optimizer step on the global batch (with several ranks: on this rank's share of it). Returns
+        its metrics (detached tensors; with several ranks, this rank's parts of the global batch's sums), or
+        None when the loss or the gradient norm was not finite: the update is then skipped and counted, and
+        after `max_bad_steps` such steps in a row NonFiniteError stops the run.
+
+        Host syncs per step: one, reading (loss, gradient norm, token slots, stop requests) together to
+        decide whether to apply the update; the model adds one to size the token level (the longest token
+        sequence of the batch, `boundary_positions`)."""
         t = self.cfg.train
         lr = lr_at(self.bytes_seen, t)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss, metrics, out = self.model.loss(batch.to(self.device), self.sample_rng)
+        batch = batch.to(self.device)
+        uniforms = self._uniforms(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = (torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else float("inf")))
-        if torch.isfinite(loss) and torch.isfinite(grad_norm):
-            self.optimizer.step()
-            self.skipped_steps = 0
+        max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
+        with self._autocast():
+            if not self.dist.enabled and t.micro_batches == 1:
+                loss, metrics, _ = self.model.loss(batch, self.sample_rng, uniforms=uniforms)
+                loss.backward()
+            else:
+                totals = self._global_totals(batch) if self.dist.enabled else None
+                metrics = accumulate_gradients(self.model, batch, t.micro_batches, uniforms=uniforms,
+                                               generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
+                                               totals=totals, reduce=self.dist.sum_dict if totals else None)
+        slots = torch.as_tensor(metrics["token_slots"], dtype=torch.float64).to(self.device)
+        if not self.dist.enabled:
+            # clipped once, on the gradient of the whole batch (not per micro-batch: DESIGN.md §5)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            check = torch.stack([metrics["loss"].double(), grad_norm.double(), slots])
         else:
-            self.skipped_steps += 1
-            if self.skipped_steps >= 5:
-                raise FloatingPointError(f"step {self.step}: non-finite loss or gradients 5 steps in a row; stopping")
+            sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
+            fsdp = self.dist.parallel == "fsdp"
+            square = local_grad_sq(self.model).double().to(self.device) if fsdp else torch.zeros((), dtype=torch.float64, device=self.device)
+            wants = [float(self._stop_signal is not None), float(self._time_up)]
+            check = torch.cat([torch.stack([metrics["loss"].double(), square, slots]),
+                               torch.tensor(wants, dtype=torch.float64, device=self.device)])
+            self.dist.all_reduce(check)  # global loss, squared norm of the shards, token slots, stop requests
+            if fsdp:
+                grad_norm = check[1].sqrt()
+                clip_with_norm_(self.model, max_norm, grad_norm)
+            else:  # the gradients are the global batch's on every rank
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+                check[1] = grad_norm
+        host = check.tolist()  # the step's one host sync
+        if self.dist.enabled:
+            self._stop_elsewhere, self._time_up = host[3] > 0, host[4] > 0
+        ok = math.isfinite(host[0]) and math.isfinite(host[1])
+        if ok:
+            self.optimizer.step()
+            self.bad_in_a_row = 0
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.bad_in_a_row += 1
+            self.bad_total += 1
         self.step += 1
         self.bytes_seen += self.bytes_per_step
-        self.flops += self.model.flops(int(batch.inputs.numel()), int(metrics["token_slots"]))
+        self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, int(host[2]))
+        if not ok:
+            if self.bad_in_a_row >= t.max_bad_steps:
+                raise NonFiniteError(
+                    f"step {self.step}: non-finite loss or gradients {self.bad_in_a_row} steps in a row "
+                    f"(train.max_bad_steps={t.max_bad_steps}; loss {host[0]:.4g}, gradient norm "
+                    f"{host[1]:.4g}); stopping. The last checkpoint precedes them: lower train.lr, "
+                    f"check the data, or raise train.max_bad_steps")
+            return None
         metrics["grad_norm"] = grad_norm.detach()
         metrics["lr"] = torch.tensor(lr)
         return metrics
 
-    def _log(self, sums: dict, n: int, seconds: float, extra: dict | None = None) -> dict:
-        row = {"step": self.step, "bytes": self.bytes_seen, "flops": self.flops}
-        row.update({k: float(v) / n for k, v in sums.items() if k not in ("tokens", "token_slots", "bytes")})
-        row["bytes_per_s"] = float(sums["bytes"]) / max(seconds, 1e-9)
-        row["padding_fraction"] = 1.0 - float(sums["tokens"]) / max(float(sums["token_slots"]), 1.0)
-        row.update(extra or {})
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
-        return row
-
     def _handle_signal(self, signum, frame):
+        if self._stop_signal is not None:  # a second signal: stop now, without the checkpoint
+            raise KeyboardInterrupt(f"signal {signum} received twice")
         self._stop_signal = signum
 
     def train(self, max_seconds: float | None = None) -> dict:
-        """Run to `training_bytes` (or `max_seconds`), checkpointing as configured; returns the last log row."""
+        """Run to `training_bytes` (or `max_seconds`), checkpointing as configured; returns the last log row.
+
+        SIGINT and SIGTERM finish the current step, save a checkpoint and return (`stopped_by` is then the
+        signal number); the run continues exactly with `learntok train --resume RUN_DIR`."""
         t = self.cfg.train
         self.model.train()
+        self.stopped_by = self._stop_signal = None
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         bar = None
-        if self.progress:
+        if self.progress and self.dist.is_main:
             from tqdm.auto import tqdm
             bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, leave=False)
-        start = time.perf_counter()
-        sums: dict = {}
-        n, window_start, last = 0, time.perf_counter(), {}
+        start = window_start = time.perf_counter()
+        last: dict = {}
         try:
             while self.step < self.total_steps:
+                if self.dist.enabled:  # ranks agree on stopping inside train_step (a signal or the time)
+                    self._time_up = max_seconds is not None and time.perf_counter() - start > max_seconds
                 metrics = self.train_step(self.data.train.next_batch())
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0) + v.detach().float()
-                n += 1
+                if metrics is not None:
+                    sums = self._window["sums"]
+                    for k, v in metrics.items():
+                        v = v.detach().float().to(self.device)  # summed on the device, read at log lines
+                        sums[k] = sums[k] + v if k in sums else v
+                    self._window["n"] += 1
                 if bar is not None:
                     bar.update(1)
-                stop_time = max_seconds is not None and time.perf_counter() - start > max_seconds
-                last_step = self.step >= self.total_steps or stop_time or self._stop_signal is not None
-                if self.step % t.log_every == 0 or last_step:
+                if self.dist.enabled:
+                    time_up, stop = self._time_up, self._stop_elsewhere
+                else:
+                    time_up = max_seconds is not None and time.perf_counter() - start > max_seconds
+                    stop = self._stop_signal is not None
+                done = self.step >= self.total_steps or time_up
+                eval_due = bool(t.eval_every and self.step % t.eval_every == 0) or done
+                if self.step % t.log_every == 0 or eval_due:
                     extra = {}
-                    if (t.eval_every and self.step % t.eval_every == 0) or last_step:
-                        extra = {f"val_{k}": v for k, v in evaluate(self.model, self.data.val, device=self.device).items()}
-                    last = self._log(sums, n, time.perf_counter() - window_start, extra)
-                    if bar is not None:
+                    if eval_due:
+                        with self._autocast():
+                            val = evaluate(self.model, self.data.val, device=self.device, dist=self.dist,
+                                           max_rows=t.batch_size // t.micro_batches, global_rows=t.batch_size)
+                        extra = {f"val_{k}": v for k, v in val.items()}
+                    last = self._log(time.perf_counter() - window_start, extra)
+                    window_start = time.perf_counter()
+                    if bar is not None and "bpb" in last:
                         bar.set_postfix(bpb=f"{last['bpb']:.3f}", rate=f"{last['boundary_rate']:.3f}")
-                    sums, n, window_start = {}, 0, time.perf_counter()
-                if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last_step:
+                if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or done or stop:
                     self.save()
-                if last_step:
+                if done or stop:
+                    if stop and self._stop_signal is None:  # another rank was signalled
+                        self._stop_signal = signal.SIGTERM
                     break
         finally:
             if bar is not None:
                 bar.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
+            if self.tb_writer is not None:
+                self.tb_writer.flush()
         if self._stop_signal is not None:
-            print(f"stopped by signal {self._stop_signal} at step {self.step}; checkpoint saved in {self.run_dir}")
+            self.stopped_by = self._stop_signal
+            if self.dist.is_main:
+                print(f"stopped by signal {self._stop_signal} at step {self.step}; checkpoint saved in {self.run_dir} "
+                      f"(continue with: learntok train --resume {self.run_dir})", flush=True)
         return last

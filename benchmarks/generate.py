@@ -1,0 +1,97 @@
+"""Generation speed with and without key/value caches.
+
+    python benchmarks/generate.py                       # CPU default size (d=128, 2/2/2), random weights
+    python benchmarks/generate.py --checkpoint runs/demo --bytes 1000
+
+Three ways to produce the same bytes (same seed, same boundary draws; the script checks they agree):
+  cached          prefill the prompt, then one `ByteUNet.step` per byte: O(window + tokens) per byte
+  full, prefix    a full forward pass over the whole prefix per byte (exact for `learned`, whose
+                  boundaries look only backwards)
+  full, padded    a full forward pass over the prefix padded to the final length per byte (exact for
+                  every strategy, also those whose boundaries depend on the length, like `uniform`)
+End-of-sequence is disabled so that every run produces exactly --bytes bytes. The cached row runs first:
+on a 2-core machine the OpenMP threads of numba's parallel boundary scan (used by every full forward
+pass of `learned`) keep spinning after it returns and slow all later torch work several times over;
+`NUMBA_THREADING_LAYER=workqueue` or `OMP_WAIT_POLICY=passive` avoids that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from learntok.config import load_config  # noqa: E402
+from learntok.generation import generate  # noqa: E402
+from learntok.model.unet import ByteUNet  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", help="a trained model (run, checkpoint or save_pretrained directory); "
+                                        "default: random weights at the CPU default size")
+    p.add_argument("--bytes", type=int, default=1000, help="bytes to generate (default 1000)")
+    p.add_argument("--uncached-bytes", type=int, default=None,
+                   help="bytes for the uncached runs (default: --bytes; they are slow)")
+    p.add_argument("--prompt", default="The ")
+    p.add_argument("--strategy", default=None, help="boundary strategy of the random model (default: cpu_default's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for every mode (default 1, what `generate` uses for cached CPU generation; "
+                        "0: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-padded", action="store_true", help="leave out the slowest row")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    if args.checkpoint:
+        model = ByteUNet.from_pretrained(args.checkpoint)
+        what = args.checkpoint
+    else:
+        cfg = load_config("cpu_default", [f"boundaries.name={args.strategy}"] if args.strategy else [])
+        torch.manual_seed(0)
+        model = ByteUNet(cfg.model, cfg.boundaries).eval()
+        what = "random weights"
+    c = model.cfg
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {what}; d={c.d_model}, {c.n_down_layers}/{c.n_mid_layers}/{c.n_up_layers} layers, window {c.window}, "
+          f"{model.boundaries.name} boundaries, {n_params / 1e6:.2f}M parameters; torch threads {torch.get_num_threads()}")
+
+    def run(n: int, **kw):
+        t0 = time.perf_counter()
+        g = generate(model, args.prompt, max_bytes=n, seed=args.seed, stop_on_eos=False, threads=None, **kw)
+        return g, time.perf_counter() - t0
+
+    n_full = args.uncached_bytes or args.bytes
+    rows = [("cached (kv caches, step)", args.bytes, {})]
+    rows.append(("full forward per byte, prefix", n_full, {"use_cache": False, "pad_uncached": False}))
+    if not args.skip_padded:
+        rows.append(("full forward per byte, padded", n_full, {"use_cache": False, "pad_uncached": True}))
+    results = []
+    for name, n, kw in rows:
+        run(8, **kw)  # warm up (numba compile of the scan for the uncached rows, allocator)
+        g, seconds = run(n, **kw)
+        results.append((name, n, seconds, g))
+        print(f"  {name}: {n} bytes in {seconds:.2f} s", file=sys.stderr)
+
+    cached_rate = results[0][1] / results[0][2]
+    print(f"\n{'mode':<32} {'bytes':>6} {'seconds':>8} {'bytes/s':>9} {'ms/byte':>8} {'cached is':>10}")
+    for name, n, seconds, _ in results:
+        rate = n / seconds
+        print(f"{name:<32} {n:>6} {seconds:>8.2f} {rate:>9.1f} {1e3 / rate:>8.2f} {cached_rate / rate:>9.1f}x")
+    reference, reference_n = results[0][3], results[0][1]
+    for name, n, _, g in results[1:]:
+        if n != reference_n:  # a different budget gives `uniform` a different pattern: not comparable
+            continue
+        same = g.data == reference.data and g.boundaries == reference.boundaries
+        print(f"same bytes and boundaries as cached ({name}): {'yes' if same else 'NO'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

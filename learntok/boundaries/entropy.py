@@ -1,0 +1,176 @@
+"""`entropy`: entropy patching (Byte Latent Transformer, Pagnoni et al. 2024, "entropy patching"; code:
+facebookresearch/blt `bytelatent/data/patcher.py`; Nawrot et al. 2023 used entropy spikes the same way).
+A token ends where the next byte is hard to predict.
+
+    H_i = -sum_v p(v | x_<=i) log p(v | x_<=i)     next-byte entropy at position i (nats)
+    global:     a_i = [H_i > theta_g]                          (BLT's global constraint)
+    monotonic:  a_i = [H_i - H_{i-1} > theta_r]                (BLT's approximate monotonic constraint)
+    a_0 = 1 (and document starts), a_i = 0 on padding
+
+Index convention. BLT starts a new patch at byte t when the entropy of predicting x_t from x_<t is
+high. That entropy is produced at position t - 1 (the logits at i predict byte i + 1), and a patch
+starting at t is a token ending at t - 1 in our convention, so a_i = [H_i > theta] with H_i computed from
+bytes <= i: causal. The token that ends there is then visible exactly when the hard byte is predicted.
+
+Where H comes from (`entropy_source`):
+  - `early` (default): the early-exit head of the U-Net (a free small byte LM trained by L_early; its
+    logits are detached here, so the boundaries send no gradient anywhere). Adds no parameters.
+  - `own`: a separate small byte LM owned by this strategy (embedding, `entropy_model_layers`
+    sliding-window blocks of width `entropy_model_dim`, head), as BLT's separately trained entropy model.
+    It reads only the bytes and is trained by its own next-byte loss (weight `entropy_model_lambda`),
+    jointly with the U-Net but with no gradient path between them. Its matrix parameters (embedding
+    excluded, as for the U-Net) count in the FLOPs.
+
+Threshold calibration (ours: BLT tunes theta by hand for a patch size). Decisions of a step use a
+threshold forecast from the previous steps, never the current batch's quantile, which would depend on
+later bytes (and on other rows). After the step's boundaries were drawn, `losses()` (training mode only,
+once per loss call, i.e. per micro-batch under accumulation) takes the batch's quantile q_t of the scores
+at the decided positions, at the level that gives `target_rate` boundaries once the forced ones are
+counted, and updates a forecast by Holt's linear exponential smoothing, m = `entropy_momentum`:
+
+    level_t = m q_t + (1 - m)(level_{t-1} + trend_{t-1})
+    trend_t = m (level_t - level_{t-1}) + (1 - m) trend_{t-1}
+    theta   = level_t + trend_t                     (the first update sets level = q, trend = 0)
+
+The trend term follows the steady fall of the entropies while the early-exit head learns. Early in
+training that fall from one step to the next is larger than the spread of the scores within a batch
+(an untrained head predicts about the same entropy everywhere), and no threshold carried over from past
+steps can then hit the rate: a plain moving average of q lagged above every score (measured: rate 0.016
+instead of 0.2 over the first 20 steps of a tiny model), a trend forecast overshot (rate 1.0). So the
+strategy also checks, on each training batch, whether the threshold its decisions used would have given
+the rate within +-50% on that batch (`active`, logged as `entropy_active`): the next step's boundaries
+are the entropy rule's when it did, uniform at the target rate when it did not (at the start, and on a
+batch where the forecast missed). BLT avoids all this with an entropy model trained beforehand.
+theta, level, trend, `active` and the number of updates are buffers, so they are checkpointed. `forward`
+never changes state, so evaluation and the causality test are pure.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import BoundaryConfig, ConfigError
+from ..data.batch import BOS, VOCAB_SIZE
+from ..model.layers import RMSNorm, Stack
+from ..objectives import masked_mean
+from .base import Boundaries, BoundaryInput, BoundaryStrategy, LossInputs
+from .uniform import uniform_boundaries
+
+MODES = ("global", "monotonic")
+SOURCES = ("early", "own")
+OWN_MODEL_WINDOW = 64  # sliding window of the own entropy model (the U-Net's default)
+
+
+def next_byte_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits -> (B, T) entropy of the softmax, in nats, fp32."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+class ByteEntropyModel(nn.Module):
+    """A small causal byte LM: embedding, sliding-window Gemma blocks, RMSNorm, linear head."""
+
+    def __init__(self, d: int, n_layers: int):
+        super().__init__()
+        n_heads = max(1, d // 32)
+        self.embed = nn.Embedding(VOCAB_SIZE, d)
+        self.blocks = Stack(n_layers, d, n_heads, d, OWN_MODEL_WINDOW, 50.0, 10000.0)
+        self.norm = RMSNorm(d)
+        self.head = nn.Linear(d, VOCAB_SIZE, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T) bytes -> (B, T, V) logits of the next byte."""
+        B, T = x.shape
+        positions = torch.arange(T, device=x.device).expand(B, T)
+        h = self.blocks(self.embed(x) * self.embed.embedding_dim ** 0.5, positions)
+        return self.head(self.norm(h)).float()
+
+
+class EntropyPatching(BoundaryStrategy):
+    name = "entropy"
+
+    def __init__(self, cfg: BoundaryConfig, d_model: int):
+        super().__init__(cfg, d_model)
+        if cfg.entropy_mode not in MODES:
+            raise ConfigError(f"boundaries.entropy_mode={cfg.entropy_mode!r}: use {' or '.join(MODES)}")
+        if cfg.entropy_source not in SOURCES:
+            raise ConfigError(f"boundaries.entropy_source={cfg.entropy_source!r}: use {' or '.join(SOURCES)}")
+        if not 0.0 < cfg.entropy_momentum <= 1.0:
+            raise ConfigError(f"boundaries.entropy_momentum={cfg.entropy_momentum} must lie in (0, 1]")
+        self.own = ByteEntropyModel(cfg.entropy_model_dim, cfg.entropy_model_layers) if cfg.entropy_source == "own" else None
+        self.register_buffer("threshold", torch.zeros(()))  # theta, calibrated to the target rate
+        self.register_buffer("level", torch.zeros(()))  # Holt's smoothing of the batch quantiles: level
+        self.register_buffer("trend", torch.zeros(()))  # and trend per update
+        self.register_buffer("calibrations", torch.zeros((), dtype=torch.long))  # updates of theta so far
+        # whether theta gave about the target rate on the last training batch (else: uniform boundaries)
+        self.register_buffer("active", torch.zeros((), dtype=torch.bool))
+
+    def forward(self, inp: BoundaryInput) -> Boundaries:
+        extras = {}
+        if self.own is not None:
+            logits = self.own(inp.inputs)
+            # its own next-byte loss: position t predicts inputs[t + 1] when that is a byte of the same document
+            targets = inp.inputs[:, 1:].clamp(max=VOCAB_SIZE - 1)  # (B, T - 1)
+            nll = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), targets.reshape(-1),
+                                  reduction="none").view_as(targets)
+            extras["own_nll"] = nll
+            extras["own_mask"] = inp.valid[:, :-1] & inp.valid[:, 1:] & (inp.inputs[:, 1:] < BOS)
+            logits = logits.detach()
+        elif inp.early_logits is not None:
+            logits = inp.early_logits.detach()
+        else:
+            raise ValueError("entropy_source=early needs the early-exit logits (BoundaryInput.early_logits)")
+        H = next_byte_entropy(logits)  # (B, T), H_i from bytes <= i
+        if self.cfg.entropy_mode == "monotonic":
+            score = H - F.pad(H[:, :-1], (1, 0))  # H_i - H_{i-1}
+        else:
+            score = H
+        B, T = inp.inputs.shape
+        uniform = uniform_boundaries(T, self.cfg.target_rate, inp.inputs.device).expand(B, T)
+        a = torch.where(self.active, score > self.threshold, uniform)  # uniform until calibrated
+        a = (a & inp.valid) | inp.forced
+        extras.update(score=score.detach(), entropy=H.detach())
+        return Boundaries(a=a, probs=a.float(), extras=extras)
+
+    @torch.no_grad()
+    def calibrate(self, score: torch.Tensor, decide: torch.Tensor, n_forced: int, n_real: int) -> None:
+        """Update the forecast theta with this batch's quantile that yields `target_rate` boundaries."""
+        values = score[decide].float()
+        if values.numel() == 0:
+            return
+        if values.numel() > 1 << 24:  # torch.quantile's limit: a deterministic subsample
+            values = values[:: values.numel() // (1 << 23) + 1]
+        rate = min(max((self.cfg.target_rate * n_real - n_forced) / values.numel(), 0.0), 1.0)
+        q = torch.quantile(values, 1.0 - rate)
+        # would the threshold these decisions used have hit the rate on this batch (within 50%)?
+        check = (values > self.threshold).float().mean()
+        self.active.copy_((self.calibrations > 0) & ((check - rate).abs() <= 0.5 * rate))
+        m = self.cfg.entropy_momentum
+        if int(self.calibrations) == 0:
+            self.level.copy_(q)
+            self.trend.zero_()
+        else:
+            level = m * q + (1 - m) * (self.level + self.trend)
+            self.trend.copy_(m * (level - self.level) + (1 - m) * self.trend)
+            self.level.copy_(level)
+        self.threshold.copy_(self.level + self.trend)
+        self.calibrations.add_(1)
+
+    def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
+        if self.training:
+            real = inp.valid | inp.forced
+            self.calibrate(bnd.extras["score"], inp.valid & ~inp.forced, int((inp.forced & real).sum()), int(real.sum()))
+        if self.own is None:
+            return {}
+        return {"entropy_model": (self.cfg.entropy_model_lambda, masked_mean(bnd.extras["own_nll"], bnd.extras["own_mask"]))}
+
+    def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
+        return {"entropy_threshold": self.threshold.detach().clone(), "entropy_active": self.active.float(),
+                "mean_entropy": masked_mean(bnd.extras["entropy"], inp.valid)}
+
+    def n_matrix_params(self) -> int:
+        if self.own is None:
+            return 0
+        return sum(p.numel() for n, p in self.own.named_parameters() if p.dim() >= 2 and not n.startswith("embed."))

@@ -1,0 +1,226 @@
+"""`learntok eval`: bits-per-byte of trained models on held-out text and on the paper's benchmarks.
+
+    learntok eval --checkpoint runs/demo                                  # the run's own held-out text
+    learntok eval --checkpoint runs/demo --data notes.txt                 # any text / JSONL / Parquet / prepared dir
+    learntok eval --checkpoint runs/demo --tasks hellaswag,lambada --limit 500
+    learntok eval --checkpoint runs/a --checkpoint runs/b --suite paper --out results/   # Table 1
+
+Benchmarks are read from local files when there are some (``--eval-dir``, else ``$LEARNTOK_EVAL_DIR``,
+else ``../shared/data/eval`` of a development checkout), otherwise from the Hugging Face hub with
+`datasets`. Scores are the bits-per-byte of the gold continuation (paper §4.2, appendix D); see
+`learntok.eval.benchmarks` for the prompts and `learntok.eval.scorer` for boundary modes, seeds and
+truncation of long items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+SUITES = {"paper": ("piqa", "hellaswag", "arc_easy", "lambada")}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = __doc__.split("\n\n", 1)[1]
+    p.add_argument("--checkpoint", action="append", required=True, metavar="RUN",
+                   help="run directory (its newest checkpoint) or step_* directory; repeat for several rows")
+    p.add_argument("--name", action="append", help="row name for each --checkpoint (default: the run's folder name)")
+    g = p.add_argument_group("held-out text")
+    g.add_argument("--data", metavar="SOURCE",
+                   help="'demo' (the demo corpus' held-out text), a prepared directory (its val split), or a "
+                        "text / JSONL / Parquet file or folder. Default when no --tasks: the run's own held-out data")
+    g.add_argument("--field", default="text", help="JSONL/Parquet field holding the text (default: text)")
+    g.add_argument("--max-docs", type=int, help="score only the first N held-out documents")
+    g.add_argument("--max-bytes", type=int, help="score at most this many held-out bytes")
+    g = p.add_argument_group("benchmarks")
+    g.add_argument("--tasks", help="comma-separated: piqa,hellaswag,arc_easy,lambada")
+    g.add_argument("--suite", choices=sorted(SUITES),
+                   help="'paper': the four benchmarks and held-out text, written in the layout of the paper's Table 1")
+    g.add_argument("--limit", type=int, help="score only the first N items of each benchmark")
+    g.add_argument("--eval-dir", help="folder with the benchmark files (piqa_validation.jsonl.gz, ...)")
+    g = p.add_argument_group("boundaries")
+    g.add_argument("--boundaries", choices=("sampled", "threshold", "quantile"), default="sampled",
+                   help="sampled (default: seeded draws from the policy); threshold (p > 0.5, degenerate for a "
+                        "rate-0.2 policy); quantile (one logit threshold calibrated to the target rate)")
+    g.add_argument("--samples", type=int, default=1, help="K draws per item in sampled mode, averaged (default 1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the boundary draws (default 0)")
+    g.add_argument("--calibration-data", metavar="SOURCE",
+                   help="quantile mode: text to calibrate the threshold on (default: the run's held-out data, "
+                        "else --data)")
+    g = p.add_argument_group("compute")
+    g.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
+    g.add_argument("--max-len", type=int, help="bytes per row (default: the run's train.seq_len); longer items "
+                                               "lose context from the left")
+    g.add_argument("--overlap", type=int, help="context bytes carried into each further window of a long "
+                                               "document (default: max-len / 2)")
+    g.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu, cuda, cuda:N")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the results as JSON on stdout instead of tables")
+    g.add_argument("--out", metavar="DIR", help="write table1.md and table1.json into DIR")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def default_eval_dir() -> Path | None:
+    """$LEARNTOK_EVAL_DIR, else ../shared/data/eval next to the working directory or to this checkout."""
+    env = os.environ.get("LEARNTOK_EVAL_DIR")
+    candidates = [Path(env)] if env else []
+    candidates += [Path.cwd().parent / "shared" / "data" / "eval",
+                   Path(__file__).resolve().parents[3] / "shared" / "data" / "eval"]
+    return next((c for c in candidates if c.is_dir()), None)
+
+
+def _task_source(task: str, eval_dir: Path | None) -> Path | None:
+    """The local file for `task` in `eval_dir`, or None (the hub)."""
+    from ..eval.benchmarks import DEFAULT_FILES
+
+    if eval_dir is None:
+        return None
+    return next((eval_dir / f for f in DEFAULT_FILES[task] if (eval_dir / f).is_file()), None)
+
+
+def _row_name(path: str) -> str:
+    p = Path(path).resolve()
+    return p.parent.name + "/" + p.name if p.name.startswith("step_") else p.name
+
+
+def _say(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..eval.benchmarks import TASKS, BenchmarkUnavailableError, evaluate_task
+    from ..eval.heldout import evaluate_heldout, read_heldout, run_heldout_source
+    from ..eval.report import COLUMNS, render_json, render_markdown, write_report
+    from ..eval.scorer import UNetScorer
+    from ..train.checkpoint import CheckpointError
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.name and len(args.name) != len(args.checkpoint):
+        _say(f"error: {len(args.name)} --name for {len(args.checkpoint)} --checkpoint")
+        return 2
+    tasks: list[str] = list(SUITES[args.suite]) if args.suite else []
+    if args.tasks:
+        for t in args.tasks.split(","):
+            key = t.strip().lower().replace("-", "_")
+            if key not in TASKS:
+                _say(f"error: unknown task {t!r}; choose from {', '.join(TASKS)}")
+                return 2
+            if key not in tasks:
+                tasks.append(key)
+    want_heldout = bool(args.suite or args.data or not tasks)
+    eval_dir = Path(args.eval_dir) if args.eval_dir else default_eval_dir()
+    if args.eval_dir and not eval_dir.is_dir():
+        _say(f"error: --eval-dir {eval_dir} is not a folder")
+        return 2
+
+    rows: dict[str, dict] = {}
+    failures = 0
+    heldout_docs = None
+    meta: dict = {"checkpoints": {}, "tasks": tasks, "limit": args.limit, "heldout": None,
+                  "eval_dir": str(eval_dir) if eval_dir else None}
+    for i, ckpt in enumerate(args.checkpoint):
+        name = args.name[i] if args.name else _row_name(ckpt)
+        try:
+            scorer = UNetScorer.from_run(ckpt, device=args.device, max_len=args.max_len, overlap=args.overlap,
+                                         mode=args.boundaries, samples=args.samples, seed=args.seed,
+                                         batch_size=args.batch_size)
+        except (CheckpointError, FileNotFoundError, ValueError) as e:
+            _say(f"error: {ckpt}: {e}")
+            return 2
+        cfg = scorer.run_config
+        own_heldout = run_heldout_source(cfg)
+        if want_heldout and heldout_docs is None:
+            source = args.data or own_heldout
+            if source is None:
+                _say(f"error: {ckpt} trained on {cfg.data.source!r}, which is not here; give --data")
+                return 2
+            heldout_docs, what = read_heldout(source, field=args.field, limit=args.max_docs, max_bytes=args.max_bytes)
+            meta["heldout"] = {"source": what, "documents": len(heldout_docs),
+                               "bytes": sum(map(len, heldout_docs))}
+            _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
+        if scorer.needs_calibration:
+            source = args.calibration_data or own_heldout or args.data
+            if source is None:
+                _say("error: quantile mode needs text to calibrate on: give --calibration-data")
+                return 2
+            docs, what = read_heldout(source, field=args.field, max_bytes=1 << 16)
+            scorer.calibrate(docs, source=what)
+            _say(f"{name}: threshold tau = {scorer.tau:.4f} gives rate {scorer.calibration['realised_rate']:.3f} "
+                 f"on {scorer.calibration['bytes']:,} bytes of {what}")
+        n_params = sum(p.numel() for p in scorer.model.parameters())
+        meta["checkpoints"][name] = {"path": str(ckpt), "parameters": n_params, **scorer.describe()}
+        _say(f"{name}: {n_params / 1e6:.2f}M parameters, {scorer.mode_label()}, rows of at most {scorer.max_len} bytes")
+
+        results = {}
+        for task in tasks:
+            scorer.reset_stats()
+            try:
+                res = evaluate_task(task, scorer, _task_source(task, eval_dir), batch_size=args.batch_size,
+                                    limit=args.limit, progress=not args.no_progress)
+            except (BenchmarkUnavailableError, FileNotFoundError) as e:
+                _say(f"  {task}: not scored: {e}")
+                failures += 1
+                continue
+            res.extra.update(boundary_rate=scorer.boundary_rate, **scorer.describe())
+            results[task] = res
+            _say(f"  {_line(res)}")
+        if want_heldout:
+            scorer.reset_stats()
+            res = evaluate_heldout(heldout_docs, scorer, max_len=scorer.max_len, overlap=scorer.overlap,
+                                   batch_size=args.batch_size, progress=not args.no_progress)
+            res.extra.update(boundary_rate=scorer.boundary_rate, **scorer.describe())
+            results["heldout"] = res
+            _say(f"  {_line(res)}")
+        rows[name] = results
+
+    notes = _notes(meta, args)
+    title = "Table 1 (paper layout)" if args.suite else None
+    columns = [c for c in COLUMNS if any(c[0] in r for r in rows.values())] if not args.suite else COLUMNS
+    if args.out:
+        md, js = write_report(rows, args.out, columns=columns, notes=notes, meta=meta, title=title)
+        _say(f"wrote {md} and {js}")
+    if args.json:
+        sys.stdout.write(render_json(rows, columns=columns, meta=meta))
+    else:
+        print(render_markdown(rows, columns=columns, notes=notes, title=title))
+    return 1 if failures else 0
+
+
+def _line(res) -> str:
+    acc = "" if res.acc is None else f", acc {res.acc:.3f}"
+    spread = res.extra.get("bpb_std_over_samples")
+    spread = f" (spread over draws {spread:.4f})" if spread is not None else ""
+    rate = res.extra.get("boundary_rate")
+    rate = f", boundary rate {rate:.3f}" if rate is not None and not math.isnan(rate) else ""
+    return (f"{res.name}: {res.bpb:.4f} \u00b1 {res.bpb_se:.4f} bpb{spread}{acc}{rate}, "
+            f"n={res.n:,}, {res.seconds:.1f} s")
+
+
+def _notes(meta: dict, args) -> list[str]:
+    notes = []
+    for name, c in meta["checkpoints"].items():
+        how = {"sampled": f"boundaries sampled (K={c['samples']}, seed {c['seed']})",
+               "threshold": "boundaries thresholded at p > 0.5",
+               "quantile": f"boundaries at a logit threshold tau = {c.get('tau', float('nan')):.4f} calibrated to "
+                           f"the target rate on {c.get('calibration', {}).get('source', '?')}",
+               "deterministic": f"{c['strategy']} boundaries (deterministic)"}[c["boundary_mode"]]
+        notes.append(f"{name}: {c['parameters'] / 1e6:.2f}M parameters, {how}, rows of at most {c['max_len']} bytes")
+    if meta["tasks"]:
+        where = meta["eval_dir"] or "the Hugging Face hub"
+        limit = f", first {args.limit} items of each" if args.limit else ""
+        notes.append(f"benchmarks from {where}{limit}; accuracy: lowest-bpb candidate, LAMBADA greedy match")
+    if meta["heldout"]:
+        h = meta["heldout"]
+        notes.append(f"held-out text: {h['source']} ({h['documents']:,} documents, {h['bytes']:,} bytes), "
+                     f"pooled bits-per-byte")
+    return notes

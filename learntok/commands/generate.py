@@ -1,0 +1,58 @@
+"""`learntok generate`: sample text from a trained model, byte by byte, with key/value caches and
+boundaries decided as the bytes arrive. The prompt is printed, then the continuation as it is drawn."""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+import time
+
+from .segment import MODEL_HELP, load
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="RUN", help=MODEL_HELP)
+    p.add_argument("--prompt", "-p", default="", help="text to continue (default: none, start after BOS)")
+    p.add_argument("--max-bytes", "-n", type=int, default=256, help="most bytes to generate (default 256)")
+    p.add_argument("--temperature", "-t", type=float, default=1.0, help="0 is greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely bytes")
+    p.add_argument("--top-p", type=float, default=None, help="sample only among the bytes of the top p probability")
+    p.add_argument("--seed", type=int, default=None, help="makes bytes and boundaries reproducible")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop early at end-of-sequence")
+    p.add_argument("--no-cache", action="store_true", help="recompute a full forward pass per byte (slow; to compare)")
+    p.add_argument("--show-boundaries", action="store_true",
+                   help="afterwards, show prompt and continuation with the boundaries drawn while generating")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads for cached generation (default 1: one row of tiny operations only "
+                        "loses from threading; 0: torch's default)")
+    p.add_argument("--device", default="cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..display import legend, render, use_colour
+    from ..generation import generate
+
+    model = load(args.model, args.device)
+    out = sys.stdout
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two bytes
+
+    def emit(b: bytes) -> None:
+        out.write(decoder.decode(b))
+        out.flush()
+
+    out.write(args.prompt)
+    out.flush()
+    t0 = time.perf_counter()
+    result = generate(model, args.prompt, max_bytes=args.max_bytes, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache, stop_on_eos=not args.ignore_eos,
+                      on_bytes=emit, threads=args.threads)
+    seconds = time.perf_counter() - t0
+    out.write(decoder.decode(b"", final=True) + "\n")
+    if args.show_boundaries:
+        colour = use_colour()
+        print(f"\nboundaries drawn while generating {legend(colour)}:\n{render(result.segmentation(), colour)}")
+    print(f"[{len(result.data)} bytes in {seconds:.2f} s ({len(result.data) / max(seconds, 1e-9):.0f} bytes/s), "
+          f"stopped at {'end of sequence' if result.stop == 'eos' else 'the byte budget'}, seed {result.seed}]",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,102 @@
+"""`learntok score`: bits per byte a trained model assigns to texts, per document and overall
+(byte-weighted). Documents are TEXT arguments, text files (one document each), or JSON-lines files
+(`.jsonl`, `.jsonl.gz`: one document per line, its text in `--field`)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from .segment import MODEL_HELP, load
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="RUN", help=MODEL_HELP)
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to score (each one document)")
+    p.add_argument("--file", "-f", action="append", default=[], metavar="F",
+                   help="a text file (one document) or a .jsonl / .jsonl.gz file (one per line); repeatable")
+    p.add_argument("--field", default="text", help="the JSON field holding the text (default: text)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many documents per JSON-lines file")
+    p.add_argument("--samples", type=int, default=1,
+                   help="boundary samples to average over, seeds SEED.. (default 1; deterministic strategies need 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--context", type=int, default=None, metavar="N",
+                   help="bytes per forward pass; longer documents are cut (default: the training sequence length)")
+    p.add_argument("--show", type=int, default=20, help="print at most this many per-document rows (default 20)")
+    p.add_argument("--json", action="store_true", help="print one JSON line per document, then the total")
+    p.add_argument("--device", default="cpu")
+
+
+def documents(texts: list[str], files: list[str], field: str, limit: int | None) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of every document: the TEXT arguments, then each file."""
+    for i, text in enumerate(texts):
+        short = text if len(text) <= 28 else text[:25] + "..."
+        yield f"text {i + 1}: {short!r}", text.encode("utf-8")
+    for file in files:
+        path = Path(file)
+        if not path.is_file():
+            raise SystemExit(f"error: {file}: no such file")
+        if not path.name.endswith((".jsonl", ".jsonl.gz")):
+            yield str(path), path.read_bytes()
+            continue
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            n = 0
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if limit is not None and n >= limit:
+                    break
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SystemExit(f"error: {path}:{line_no}: not valid JSON ({e.msg})") from None
+                value = record.get(field) if isinstance(record, dict) else None
+                if not isinstance(value, str):
+                    keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+                    raise SystemExit(f"error: {path}:{line_no}: no string field {field!r} (has: {keys}); use --field")
+                n += 1
+                yield f"{path}:{line_no}", value.encode("utf-8")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..generation import score
+
+    if not args.texts and not args.file:
+        raise SystemExit("error: give TEXT arguments or --file F")
+    model = load(args.model, args.device)
+    total_bits = total_bytes = 0.0
+    per_doc = []
+    shown = 0
+    if not args.json:
+        print(f"{'document':<44} {'bytes':>10} {'bpb':>7}")
+    for name, data in documents(args.texts, args.file, args.field, args.limit):
+        s = score(model, data, seed=args.seed, samples=args.samples, context=args.context)
+        total_bits += s.bits
+        total_bytes += s.n_bytes
+        per_doc.append(s.bpb)
+        if args.json:
+            print(json.dumps({"document": name, "bytes": s.n_bytes, "bits": s.bits, "bpb": s.bpb,
+                              "bpb_samples": s.bpb_samples}))
+        elif shown < args.show:
+            print(f"{name[-44:]:<44} {s.n_bytes:>10,} {s.bpb:>7.3f}")
+            shown += 1
+    n = len(per_doc)
+    overall = total_bits / max(total_bytes, 1)
+    mean_doc = sum(per_doc) / max(n, 1)
+    if args.json:
+        print(json.dumps({"document": "total", "documents": n, "bytes": int(total_bytes), "bits": total_bits,
+                          "bpb": overall, "mean_document_bpb": mean_doc}))
+    else:
+        if n > shown:
+            print(f"... {n - shown} more documents")
+        print(f"{f'total ({n} documents, byte-weighted)':<44} {int(total_bytes):>10,} {overall:>7.3f}")
+        if n > 1:
+            print(f"{'mean over documents':<44} {'':>10} {mean_doc:>7.3f}")
+        sampled = "sampled boundaries" + (f", mean of {args.samples} seeds" if args.samples > 1 else f", seed {args.seed}")
+        print(f"({sampled}; {model.boundaries.name} strategy)", file=sys.stderr)
+    return 0

@@ -1,0 +1,87 @@
+"""`learntok segment`: show where a trained model puts its token boundaries in a text, the way the
+paper's figures do: each character coloured by its boundary probability (blue low, red high), a bar
+after each token. In the terminal (plain `|` separators when the output is not a terminal), as a
+standalone HTML page, as a PNG image, or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MODEL_HELP = ("a model directory (save_pretrained), a training run or checkpoint directory, "
+              "or a Hugging Face Hub repo id (owner/name)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="RUN_OR_DIR", help=MODEL_HELP)
+    p.add_argument("text", nargs="?", help="the text (default: --file, else standard input)")
+    p.add_argument("--file", "-f", metavar="F", help="read the text from this file (UTF-8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled boundaries (default 0)")
+    p.add_argument("--context", type=int, default=None, metavar="N",
+                   help="bytes per forward pass for long texts (default: the training sequence length)")
+    p.add_argument("--html", metavar="OUT.html", help="also write a standalone HTML page")
+    p.add_argument("--png", metavar="OUT.png", help="also write a PNG image (needs matplotlib: learntok[plot])")
+    p.add_argument("--width", type=int, default=100, help="characters per line in the PNG (default 100)")
+    p.add_argument("--title", help="title of the HTML page and the PNG")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON (bytes, characters, probabilities, boundaries, tokens) instead of the text")
+    p.add_argument("--colour", "--color", choices=("auto", "always", "never"), default="auto",
+                   help="colours in the terminal (auto: when writing to a terminal and NO_COLOR is unset)")
+    p.add_argument("--device", default="cpu")
+
+
+def read_text(text: str | None, file: str | None) -> bytes:
+    """The positional text, else the file, else standard input (when it is not a terminal)."""
+    if text is not None and file is not None:
+        raise SystemExit("error: give either TEXT or --file, not both")
+    if text is not None:
+        return text.encode("utf-8")
+    if file is not None:
+        try:
+            return Path(file).read_bytes()
+        except OSError as e:
+            raise SystemExit(f"error: cannot read {file}: {e.strerror}") from None
+    if sys.stdin.isatty():
+        raise SystemExit("error: give a TEXT, --file F, or pipe text into standard input")
+    return sys.stdin.buffer.read()
+
+
+def load(path: str, device: str):
+    from ..model.unet import ByteUNet
+    from ..train.checkpoint import CheckpointError
+
+    try:
+        return ByteUNet.from_pretrained(path, device=device)
+    except (CheckpointError, ImportError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import display
+
+    data = read_text(args.text, args.file)
+    model = load(args.model, args.device)
+    seg = display.segment(model, data, seed=args.seed, context=args.context)
+    title = args.title or (f"{Path(args.file).name}: learned tokens" if args.file else "learned tokens")
+    if args.html:
+        Path(args.html).write_text(display.to_html(seg, title), encoding="utf-8")
+    if args.png:
+        try:
+            display.save_png(seg, args.png, width=args.width, title=title)
+        except ImportError as e:
+            raise SystemExit(f"error: {e}") from None
+    if args.json:
+        json.dump(display.to_json(seg), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        colour = args.colour == "always" or (args.colour == "auto" and display.use_colour())
+        n_tok = len(seg.tokens())
+        print(display.render(seg, colour))
+        print(f"\n{len(seg.data):,} bytes, {n_tok:,} tokens ({len(seg.data) / max(n_tok, 1):.2f} bytes per token); "
+              f"{display.legend(colour)}")
+    for path in (args.html, args.png):
+        if path:
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,127 @@
+"""Held-out text in bits-per-byte: where the documents come from, and how they are scored.
+
+Sources (:func:`read_heldout`):
+
+* ``demo``: the held-out stream of the demo corpus (what `learntok demo` trains on), one document;
+* a prepared directory (``learntok prepare``, has ``meta.json``): its ``val`` split, one document per
+  stored document, all bytes (not truncated to ``seq_len`` as paper-mode training batches are);
+* any file or folder `learntok.data.readers.iter_documents` reads: plain text (one document per
+  file), JSON Lines (``--field``, default ``text``), Parquet.
+
+Scoring (:func:`evaluate_heldout`): every document is the continuation of an empty context (the model
+sees BOS first), cut into windows of the model's length with :func:`learntok.eval.scorer.split_windows`
+(the first window predicts ``max_len`` bytes, later ones ``max_len - overlap`` bytes after ``overlap``
+bytes of context); every byte is predicted exactly once. ``bpb`` = total NLL / total bytes / ln 2,
+pooled over bytes. Its standard error is the ratio estimator's over documents, or over windows when
+there is a single document (``extra['se_unit']`` says which); windows of one document are
+correlated, so that SE is optimistic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from .benchmarks import LN2, ScorerLike, TaskResult, mean_and_se, ratio_and_se, score_pairs
+from .scorer import split_windows
+
+__all__ = ["evaluate_heldout", "read_heldout", "run_heldout_source"]
+
+
+def read_heldout(source: str | Path, *, field: str = "text", limit: int | None = None,
+                 max_bytes: int | None = None) -> tuple[list[bytes], str]:
+    """Documents of a held-out source (see the module docstring) and a one-line description. Empty
+    documents are dropped; ``limit`` keeps the first documents, ``max_bytes`` cuts the total (the
+    last document kept is truncated)."""
+    if str(source) == "demo":
+        from ..data.demo import build_demo_corpus
+
+        docs = [build_demo_corpus().val]
+        what = "demo corpus held-out stream"
+    elif Path(source).is_dir() and (Path(source) / "meta.json").exists():
+        from ..data.shards import open_split
+
+        split = open_split(source, "val")
+        docs = (bytes(split.doc(i)) for i in range(len(split)))
+        what = f"{source} (val split)"
+    else:
+        from ..data.readers import iter_documents
+
+        docs = iter_documents(source, field=field)
+        what = str(source)
+    docs = (d for d in docs if d)
+    if limit is not None:
+        docs = itertools.islice(docs, limit)
+    out, total = [], 0
+    for d in docs:
+        if max_bytes is not None and total + len(d) > max_bytes:
+            if max_bytes - total > 0:
+                out.append(d[: max_bytes - total])
+            break
+        out.append(d)
+        total += len(d)
+    if not out:
+        raise ValueError(f"{what}: no non-empty document")
+    return out, what
+
+
+def run_heldout_source(cfg) -> str | None:
+    """The held-out data a run trained against (`RunConfig.data.source`): ``demo``, or its prepared
+    directory when that still exists; None otherwise."""
+    source = cfg.data.source
+    if source == "demo":
+        return "demo"
+    if Path(source).is_dir() and (Path(source) / "meta.json").exists():
+        return source
+    return None
+
+
+def evaluate_heldout(
+    documents: Iterable[bytes | str],
+    scorer: ScorerLike,
+    *,
+    max_len: int,
+    overlap: int,
+    batch_size: int = 32,
+    name: str = "heldout",
+    progress: bool = True,
+) -> TaskResult:
+    """Pooled bits-per-byte of the documents (see the module docstring). ``max_len`` and ``overlap``
+    should be the scorer's, so that each window is scored as one row.
+
+    ``extra``: ``n_bytes``, ``n_windows``, ``se_unit`` (``document`` or ``window``),
+    ``mean_doc_bpb`` and its SE, and, when the scorer drew several samples, ``bpb_per_sample`` and
+    ``bpb_std_over_samples``."""
+    blobs = [d.encode("utf-8") if isinstance(d, str) else bytes(d) for d in documents]
+    blobs = [b for b in blobs if b]
+    pairs, owner = [], []
+    for i, b in enumerate(blobs):
+        for w in split_windows(b"", b, max_len, overlap):
+            pairs.append(w)
+            owner.append(i)
+    t0 = time.perf_counter()
+    scores = score_pairs(pairs, scorer, batch_size, progress=progress, desc=name)
+    seconds = time.perf_counter() - t0
+    doc_bits = [0.0] * len(blobs)
+    for i, s in zip(owner, scores):
+        doc_bits[i] += s.nll_nats / LN2
+    doc_bytes = [float(len(b)) for b in blobs]
+    if len(blobs) >= 2:
+        bpb, bpb_se = ratio_and_se(doc_bits, doc_bytes)
+        unit = "document"
+    else:
+        bpb, bpb_se = ratio_and_se([s.nll_nats / LN2 for s in scores], [float(s.n_bytes) for s in scores])
+        unit = "window"
+    mdoc, mdoc_se = mean_and_se([b / n for b, n in zip(doc_bits, doc_bytes)])
+    extra = {"n_bytes": int(sum(doc_bytes)), "n_windows": len(pairs), "se_unit": unit,
+             "mean_doc_bpb": mdoc, "mean_doc_bpb_se": mdoc_se}
+    k = len(getattr(scores[0], "sample_nll", ())) if scores else 0
+    if k > 1:
+        per_sample = [math.fsum(s.sample_nll[j] for s in scores) / LN2 / extra["n_bytes"] for j in range(k)]
+        extra["bpb_per_sample"] = per_sample
+        extra["bpb_std_over_samples"] = mean_and_se(per_sample)[1] * math.sqrt(k)
+    return TaskResult(name, len(blobs), bpb, bpb_se, None, None, seconds, extra,
+                      item_bpb=[b / n for b, n in zip(doc_bits, doc_bytes)])

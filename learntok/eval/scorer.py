@@ -1,0 +1,423 @@
+"""A `ByteScorer` over a trained `ByteUNet`: next-byte log-likelihoods of continuations given contexts.
+
+Each (context, continuation) pair becomes one row ``BOS + context + continuation`` (inputs are that
+row without its last byte, targets the row without BOS, exactly the training layout), right-padded
+with PAD; one forward per batch of rows; the NLL of a pair is the sum of ``-log p(x_t | x_<t)`` over
+the continuation's bytes. Causality makes right padding harmless: a row's scores do not depend on
+what it is batched with (tested to float tolerance).
+
+**Boundary modes** (DESIGN.md §3, last bullet; §8). Only strategies that sample (the learned policy,
+``stochastic = True``) have a choice; for deterministic strategies the mode is ignored.
+
+* ``sampled`` (default): boundaries drawn from the policy, as in training but without the training
+  softcap. The random numbers are per row: ``u = torch.rand(T, generator=torch.Generator()
+  .manual_seed(seed))`` with a seed derived from the pair (below), so a row's boundaries depend
+  neither on its batch nor on its padding. ``torch.rand`` on a CPU generator is one serial stream,
+  so ``u[:k]`` is the same for every ``T >= k``: a row that extends another (context alone vs
+  context + continuation) sees the same uniforms, hence the same boundaries, on the shared prefix.
+  With ``samples = K`` every pair is scored under K independent draws; its NLL is the mean over
+  draws (an estimate of the expected NLL under the policy), each draw's NLL is kept
+  (:attr:`ModelScore.sample_nll`) so that reports can give the spread over draws.
+* ``threshold``: ``a_i = [p_i > 0.5]``, computed in order (each decision feeds the lags of the
+  next), as the paper's wording allows. DESIGN.md §8: a policy trained towards a rate of 0.2 puts
+  every probability below 0.5, so this draws almost no boundaries and is reported only for
+  completeness.
+* ``quantile``: ``a_i = [l_i > tau]`` with one global logit threshold ``tau`` calibrated on held-out
+  text (:meth:`UNetScorer.calibrate`) so that the realised rate of the policy's decisions equals its
+  target rate. Deterministic and causal. (A per-sequence top-k at the target rate would hit the rate
+  exactly but looks at the whole row, i.e. at later bytes: not causal, so not offered.)
+
+All three modes are the same mechanism: the learned policy compares its logit with
+``logit(u_i)``; ``threshold`` uses ``u_i = 0.5``, ``quantile`` ``u_i = sigmoid(tau)``.
+
+**Seeds.** Pair seeds are ``blake2b(seed, sample, key)`` with ``key`` the window's context bytes, or
+its continuation bytes when the context is empty (held-out documents). All candidates of a
+multiple-choice question thus share the draws (common random numbers: the comparison between
+candidates is not blurred by different context boundaries), and a pair scores the same alone, in
+any batch, and in any run. :meth:`UNetScorer.score` also takes explicit per-pair seeds.
+
+**Length.** The model is used at most at its trained length ``max_len`` (``train.seq_len``) bytes per
+row. A longer pair keeps its continuation and loses context from the left (the row then starts with
+BOS followed by the last bytes of the context, like a training window cut from a stream). A
+continuation longer than ``max_len`` (a held-out document) is scored in windows: the first predicts
+as many bytes as fit, each later one predicts ``max_len - overlap`` new bytes after ``overlap``
+bytes of context (default ``max_len // 2``); every byte is predicted once (:func:`split_windows`).
+Strategies whose boundaries depend on the padded length (``uniform``: ``round(T * rate)`` evenly
+spaced over the row) are run with every row padded to ``max_len``, which reproduces the training
+grid and keeps scores independent of batching.
+
+**Greedy match** (LAMBADA, lm-eval's ``is_greedy``): true iff the argmax of the next-byte
+distribution equals the gold byte at every continuation position. With position-indexed random
+numbers this is exactly "greedy decoding from the context reproduces the continuation", since a
+correct greedy prefix is the teacher-forced prefix. With K draws it is the majority vote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..data.batch import BOS, PAD
+from .benchmarks import ContinuationScore
+
+__all__ = [
+    "BOUNDARY_MODES",
+    "LENGTH_DEPENDENT_STRATEGIES",
+    "ModelScore",
+    "UNetScorer",
+    "pair_seed",
+    "split_windows",
+]
+
+BOUNDARY_MODES = ("sampled", "threshold", "quantile")
+
+#: Strategies whose decisions depend on the padded row length: rows are padded to `max_len`.
+LENGTH_DEPENDENT_STRATEGIES = frozenset({"uniform"})
+
+#: Sampling strategies that turn a per-byte probability into a decision by comparing its logit with
+#: logit(u) (learned: a = [l > logit(u)]; dynamic pooling's Gumbel-sigmoid: a = [l > -logit(u)]), so
+#: that a constant u gives a deterministic threshold rule. `random` has no such probability.
+THRESHOLDABLE_STRATEGIES = frozenset({"learned", "dynamic_pooling"})
+
+
+@dataclass(frozen=True)
+class ModelScore(ContinuationScore):
+    """A :class:`ContinuationScore` (``nll_nats`` = mean over draws) with the per-draw NLLs and the
+    number of draws under which greedy decoding reproduced the continuation."""
+
+    sample_nll: tuple[float, ...] = ()
+    greedy_votes: int = 0
+
+
+def pair_seed(seed: int, sample: int, context: bytes, continuation: bytes) -> int:
+    """The seed of one window's random numbers: a hash of (run seed, draw index, key bytes), key = the
+    context, or the continuation when the context is empty. 63 bits, for `manual_seed`."""
+    key = context if context else continuation
+    h = hashlib.blake2b(f"{seed}/{sample}/".encode() + key, digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def _derived_seed(seed: int, sample: int, window: int) -> int:
+    h = hashlib.blake2b(f"explicit/{seed}/{sample}/{window}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def split_windows(context: bytes, continuation: bytes, max_len: int, overlap: int) -> list[tuple[bytes, bytes]]:
+    """Cut a pair into ``(context part, scored part)`` windows of at most ``max_len`` bytes together.
+
+    A continuation of at most ``max_len`` bytes is one window with the context truncated from the
+    left. A longer one: the first window predicts ``max_len - min(len(context), overlap)`` bytes,
+    every later one ``max_len - overlap`` bytes after the ``overlap`` bytes before them. The scored
+    parts concatenate to the continuation."""
+    if max_len < 1:
+        raise ValueError("max_len must be >= 1")
+    if not 0 <= overlap < max_len:
+        raise ValueError(f"overlap must be in [0, max_len), got {overlap} for max_len {max_len}")
+    n_ctx, n = len(context), len(continuation)
+    if n <= max_len:
+        return [(context[max(0, n_ctx - (max_len - n)):], continuation)]
+    full = context + continuation
+    out, start = [], 0
+    step = max_len - min(n_ctx, overlap)
+    while start < n:
+        end = min(start + step, n)
+        lo = max(0, n_ctx + end - max_len)
+        out.append((full[lo:n_ctx + start], continuation[start:end]))
+        start, step = end, max_len - overlap
+    return out
+
+
+@dataclass
+class _Row:
+    pair: int  # index of the pair in the call
+    sample: int  # draw index
+    data: bytes  # context part + scored part (the row's bytes after BOS)
+    n_scored: int  # the last n_scored bytes are scored
+    seed: int
+
+
+class UNetScorer:
+    """Scores ``(context, continuation)`` byte pairs with a `ByteUNet` (see the module docstring).
+
+    >>> scorer = UNetScorer.from_run("runs/demo", mode="sampled", samples=3)
+    >>> [s.bpb for s in scorer.score([(b"Question: ...\\nAnswer:", b" yes")])]
+    """
+
+    def __init__(self, model: torch.nn.Module, *, mode: str = "sampled", samples: int = 1, seed: int = 0,
+                 max_len: int = 512, overlap: int | None = None, batch_size: int = 32, tau: float | None = None,
+                 device: str | torch.device | None = None):
+        if mode not in BOUNDARY_MODES:
+            raise ValueError(f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
+        if samples < 1:
+            raise ValueError("samples must be >= 1")
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.model = model.eval()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model.to(self.device)
+        strategy = model.boundaries
+        self.strategy = getattr(strategy, "name", type(strategy).__name__)
+        if getattr(strategy, "supplied_track", None):
+            raise ValueError(f"the {self.strategy!r} strategy takes its boundaries from the data "
+                             f"({strategy.supplied_track!r} track); scoring arbitrary text with it is not supported")
+        self.stochastic = bool(getattr(strategy, "stochastic", False))
+        if self.stochastic and mode != "sampled" and self.strategy not in THRESHOLDABLE_STRATEGIES:
+            raise ValueError(f"boundary mode {mode!r} needs a per-byte boundary probability; the {self.strategy!r} "
+                             f"strategy has none: use mode='sampled'")
+        self.mode = mode if self.stochastic else "deterministic"
+        self.samples = samples if self.mode == "sampled" else 1
+        self.seed = seed
+        self.max_len = max_len
+        self.overlap = max_len // 2 if overlap is None else overlap
+        split_windows(b"", b"", max_len, self.overlap)  # validates max_len and overlap
+        self.batch_size = batch_size
+        self.pad_to_max = self.strategy in LENGTH_DEPENDENT_STRATEGIES
+        self.tau = tau
+        self.calibration: dict | None = None
+        self.run_config = None  # the run's RunConfig when loaded with `from_run`
+        self.reset_stats()
+
+    @classmethod
+    def from_run(cls, path: str | Path, *, device: str | torch.device = "cpu", max_len: int | None = None,
+                 **kwargs) -> UNetScorer:
+        """Load a run directory or checkpoint (`learntok.model.loading.load_model`); ``max_len``
+        defaults to the run's ``train.seq_len``."""
+        from ..model.loading import load_model
+
+        model, cfg = load_model(path, device=device)
+        scorer = cls(model, max_len=max_len or cfg.train.seq_len, device=device, **kwargs)
+        scorer.run_config = cfg
+        return scorer
+
+    # --- description -----------------------------------------------------------------------------
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.mode == "quantile" and self.tau is None
+
+    def describe(self) -> dict:
+        """The settings that a reported number depends on (goes into every result's `extra`)."""
+        d = {"strategy": self.strategy, "boundary_mode": self.mode, "samples": self.samples, "seed": self.seed,
+             "max_len": self.max_len, "overlap": self.overlap}
+        if self.mode == "quantile":
+            d["tau"] = self.tau
+            if self.calibration:
+                d["calibration"] = self.calibration
+        return d
+
+    def mode_label(self) -> str:
+        """One line saying how boundaries were chosen, for tables and logs."""
+        if self.mode == "deterministic":
+            return f"boundaries: {self.strategy} (deterministic)"
+        if self.mode == "sampled":
+            return f"boundaries: sampled from the {self.strategy} policy, K={self.samples} draw(s), seed {self.seed}"
+        if self.mode == "threshold":
+            return f"boundaries: {self.strategy} policy thresholded at p > 0.5"
+        return f"boundaries: {self.strategy} policy at a logit threshold tau = {self.tau:.4f} calibrated to its target rate"
+
+    # --- boundary statistics ---------------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        """Zero the running count of boundary decisions (see :attr:`boundary_rate`)."""
+        self._boundaries = 0
+        self._decisions = 0
+
+    @property
+    def boundary_rate(self) -> float:
+        """Fraction of the strategy's decisions (valid, non-forced positions of every row scored since
+        :meth:`reset_stats`) that were boundaries."""
+        return self._boundaries / self._decisions if self._decisions else math.nan
+
+    # --- uniforms ----------------------------------------------------------------------------------
+
+    def _constant_u(self) -> float | None:
+        if self.mode == "threshold":
+            return 0.5
+        if self.mode == "quantile":
+            if self.tau is None:
+                raise RuntimeError("quantile mode needs a threshold: call calibrate() first or pass tau=")
+            return float(torch.sigmoid(torch.tensor(self.tau, dtype=torch.float32)))
+        return None
+
+    def _uniforms(self, rows: list[_Row], T: int) -> torch.Tensor | None:
+        if not self.stochastic:
+            return None
+        u = torch.full((len(rows), T), 0.5)
+        const = self._constant_u()
+        if const is not None:
+            u.fill_(const)
+            return u.to(self.device)
+        for r, row in enumerate(rows):
+            n = len(row.data)  # input positions of this row: BOS + data[:-1]
+            u[r, :n] = torch.rand(n, generator=torch.Generator().manual_seed(row.seed))
+        return u.to(self.device)
+
+    # --- scoring -----------------------------------------------------------------------------------
+
+    def _rows(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None) -> list[_Row]:
+        rows = []
+        for i, (ctx, cont) in enumerate(pairs):
+            if not cont:
+                continue
+            windows = split_windows(bytes(ctx), bytes(cont), self.max_len, self.overlap)
+            for k in range(self.samples):
+                for w, (c, s) in enumerate(windows):
+                    if seeds is None:
+                        seed = pair_seed(self.seed, k, c, s)
+                    elif w == 0 and k == 0:
+                        seed = int(seeds[i])
+                    else:
+                        seed = _derived_seed(int(seeds[i]), k, w)
+                    rows.append(_Row(i, k, c + s, len(s), seed))
+        return rows
+
+    @torch.inference_mode()
+    def _forward(self, rows: list[_Row]) -> list[tuple[float, bool]]:
+        """(NLL of the scored bytes, greedy match) per row."""
+        T = self.max_len if self.pad_to_max else max(len(r.data) for r in rows)
+        B = len(rows)
+        inputs = torch.full((B, T), PAD, dtype=torch.long)
+        targets = torch.full((B, T), PAD, dtype=torch.long)
+        scored = torch.zeros((B, T), dtype=torch.bool)
+        for r, row in enumerate(rows):
+            n = len(row.data)
+            data = torch.frombuffer(bytearray(row.data), dtype=torch.uint8).long()
+            inputs[r, 0] = BOS
+            inputs[r, 1:n] = data[:-1]
+            targets[r, :n] = data
+            scored[r, n - row.n_scored:n] = True
+        inputs, targets, scored = inputs.to(self.device), targets.to(self.device), scored.to(self.device)
+        out = self.model(inputs, uniforms=self._uniforms(rows, T))
+        row = scored.nonzero()[:, 0]  # (N,) the row of each scored position, in order
+        logits = out.logits[scored].float()  # (N, V)
+        gold = targets[scored]  # (N,)
+        logp = F.log_softmax(logits, dim=-1).gather(1, gold[:, None])[:, 0]  # (N,)
+        # index_add_ sums each row's terms in position order, whatever else is in the batch
+        nll = torch.zeros(B, dtype=torch.float64, device=self.device).index_add_(0, row, -logp.double())
+        misses = torch.zeros(B, device=self.device).index_add_(0, row, (logits.argmax(dim=-1) != gold).float())
+        greedy = misses == 0
+        decide = (inputs != PAD) & ~out.forced
+        self._boundaries += int((out.boundaries.a & decide).sum())
+        self._decisions += int(decide.sum())
+        return list(zip(nll.tolist(), greedy.tolist()))
+
+    def score(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None = None) -> list[ModelScore]:
+        """One :class:`ModelScore` per pair, in order. ``seeds`` (one int per pair) replaces the
+        content-derived seeds; the first window of the first draw then uses exactly that seed (later
+        windows and draws derive theirs from it). An empty continuation scores 0."""
+        if seeds is not None and len(seeds) != len(pairs):
+            raise ValueError(f"{len(seeds)} seeds for {len(pairs)} pairs")
+        if self.needs_calibration:
+            raise RuntimeError("quantile mode needs a threshold: call calibrate() first or pass tau=")
+        rows = self._rows(pairs, seeds)
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].data))  # less padding per forward
+        nll = [[0.0] * self.samples for _ in pairs]
+        greedy = [[True] * self.samples for _ in pairs]
+        for lo in range(0, len(order), self.batch_size):
+            chunk = [rows[i] for i in order[lo:lo + self.batch_size]]
+            for row, (row_nll, row_greedy) in zip(chunk, self._forward(chunk)):
+                nll[row.pair][row.sample] += row_nll
+                greedy[row.pair][row.sample] &= row_greedy
+        out = []
+        for i, (_, cont) in enumerate(pairs):
+            votes = sum(greedy[i])
+            out.append(ModelScore(math.fsum(nll[i]) / self.samples, len(cont), 2 * votes > self.samples,
+                                  tuple(nll[i]), votes))
+        return out
+
+    __call__ = score
+
+    @torch.inference_mode()
+    def greedy(self, context: bytes, max_new_bytes: int, stop: Sequence[bytes] = ()) -> bytes:
+        """Greedy (argmax) bytes after ``context``: one full forward per byte, no cache. Stops after
+        ``max_new_bytes``, at a special symbol, or once a ``stop`` string appears (included in the
+        result). Boundaries follow the mode, with the random numbers of the seed that :meth:`score`
+        gives ``(context, continuation)``: ``score(context, greedy(context, n))`` has ``greedy_match``."""
+        row_seed = pair_seed(self.seed, 0, context, b"")
+        new = b""
+        for _ in range(max_new_bytes):
+            data = context + new
+            keep = data[max(0, len(data) - (self.max_len - 1)):]
+            seed = row_seed if len(keep) == len(data) else pair_seed(self.seed, 0, keep, b"")
+            row = _Row(0, 0, keep + b"\0", 1, seed)  # input positions: BOS + keep; the last one predicts
+            T = self.max_len if self.pad_to_max else len(row.data)
+            inputs = torch.full((1, T), PAD, dtype=torch.long)
+            inputs[0, 0] = BOS
+            inputs[0, 1:len(row.data)] = torch.tensor(list(keep), dtype=torch.long)
+            logits = self.model(inputs.to(self.device), uniforms=self._uniforms([row], T)).logits
+            byte = int(logits[0, len(keep)].argmax())
+            if byte > 255:
+                break
+            new += bytes([byte])
+            if any(s and s in new for s in stop):
+                break
+        return new
+
+    # --- quantile calibration ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def calibrate(self, texts: Iterable[bytes | str], *, target_rate: float | None = None,
+                  max_bytes: int = 1 << 16, source: str = "") -> float:
+        """Find ``tau`` such that ``[logit > tau]`` draws boundaries at ``target_rate`` (default: the
+        policy's ``target_rate``) of the decisions on ``texts`` (their first ``max_bytes`` bytes, in
+        windows of ``max_len``), by bisection. Sets :attr:`tau` and returns it."""
+        if not self.stochastic:
+            raise ValueError(f"the {self.strategy!r} strategy is deterministic: nothing to calibrate")
+        target = float(target_rate if target_rate is not None else self.model.boundaries.cfg.target_rate)
+        data = []
+        budget = max_bytes
+        for t in texts:
+            b = t.encode("utf-8") if isinstance(t, str) else bytes(t)
+            for lo in range(0, len(b), self.max_len):
+                if budget <= 0:
+                    break
+                piece = b[lo:lo + min(self.max_len, budget)]
+                data.append(piece)
+                budget -= len(piece)
+            if budget <= 0:
+                break
+        if not data:
+            raise ValueError("no calibration text")
+        captured = []
+        hook = self.model.boundaries.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        saved = self.mode, self.tau, self._boundaries, self._decisions
+        try:
+            self.mode, self.tau = "threshold", None
+            for lo in range(0, len(data), 64):  # few, large batches: the bisection reruns the strategy on each
+                self._forward([_Row(0, 0, d, len(d), 0) for d in data[lo:lo + 64]])
+        finally:
+            hook.remove()
+            self.mode, self.tau, self._boundaries, self._decisions = saved
+
+        def rate(tau: float) -> float:
+            u = float(torch.sigmoid(torch.tensor(tau, dtype=torch.float32)))
+            hits = total = 0
+            for inp in captured:
+                bnd = self.model.boundaries(dataclasses.replace(inp, uniforms=torch.full_like(inp.uniforms, u)))
+                decide = inp.valid & ~inp.forced
+                hits += int((bnd.a & decide).sum())
+                total += int(decide.sum())
+            return hits / max(total, 1)
+
+        # The rate is monotone in tau (falling for the learned policy, rising for dynamic pooling, whose
+        # rule is l > -logit(u)): bisect on the side of the target each end lies.
+        lo, hi = -30.0, 30.0
+        above_lo = rate(lo) > target
+        for _ in range(30):
+            mid = 0.5 * (lo + hi)
+            if (rate(mid) > target) == above_lo:
+                lo = mid
+            else:
+                hi = mid
+        tau = lo if abs(rate(lo) - target) <= abs(rate(hi) - target) else hi
+        self.tau = tau
+        self.calibration = {"target_rate": target, "realised_rate": rate(tau), "bytes": sum(map(len, data)),
+                            "source": source}
+        return tau

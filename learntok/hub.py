@@ -1,0 +1,317 @@
+"""Trained models in the Hugging Face layout: a directory, or a Hub repo, holding
+
+    config.json        the full resolved config (model, boundaries, train, data), the learntok version,
+                       the format version, and what is known of the training (bytes, held-out bpb)
+    model.safetensors  the weights (no pickle)
+    README.md          a generated model card
+
+the layout `huggingface_hub.PyTorchModelHubMixin` writes, without making `huggingface_hub` a
+dependency: it is needed only to download from or upload to the Hub (`pip install learntok[hub]`).
+
+    model = ByteUNet.from_pretrained("runs/demo")       # a training run (its newest checkpoint)
+    model.save_pretrained("models/demo")                 # -> config.json, model.safetensors, README.md
+    model = ByteUNet.from_pretrained("models/demo")      # or "owner/name" on the Hub
+    model.push_to_hub("owner/name")
+
+Every way loading can fail (no such directory, missing or truncated file, config from a newer learntok,
+config that does not fit the weights) raises `ModelLoadError` saying which file and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from . import __version__
+from .config import ConfigError, RunConfig, from_dict, to_dict
+from .train import checkpoint as ckpt_io
+
+FORMAT_VERSION = 1  # of config.json + model.safetensors; bump when either changes meaning
+MODEL_TYPE = "learntok-byte-unet"
+CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
+_CONFIG_SECTIONS = ("model", "boundaries", "train", "data")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ModelLoadError(ckpt_io.CheckpointError):
+    """A model directory, run or Hub repo that cannot be loaded, with the reason."""
+
+
+@dataclass
+class ModelInfo:
+    """What is known about a loaded model beyond its weights; kept on the model as `model.info`."""
+
+    config: RunConfig  # the full resolved config (train and data at their defaults if never known)
+    training: dict = field(default_factory=dict)  # e.g. step, bytes_seen, val_bpb, val_boundary_rate
+    source: str | None = None  # where it was loaded from
+    run_known: bool = True  # False: the train and data sections are defaults, not the model's history
+
+
+def default_context(model, fallback: int = 4096) -> int:
+    """Bytes per forward pass when scoring or segmenting long texts: the training sequence length when
+    the model knows it (it never saw longer sequences), else `fallback` (the paper's length)."""
+    info = getattr(model, "info", None)
+    return info.config.train.seq_len if info is not None and info.run_known else fallback
+
+
+# --- saving --------------------------------------------------------------------------------------
+
+def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = None, training: dict | None = None,
+                    overwrite_card: bool = False) -> Path:
+    """Write config.json, model.safetensors and (unless one exists, as huggingface_hub does) README.md.
+
+    `config`: the run's config, when the model did not come from `from_pretrained` (its model and
+    boundary sections are always taken from the model itself). `training`: facts for the model card
+    (bytes_seen, val_bpb, ...), merged over what `model.info` knows."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    info = getattr(model, "info", None)
+    run_cfg = config or (info.config if info is not None else RunConfig())
+    run_known = config is not None or (info is not None and info.run_known)
+    run_cfg = dataclasses.replace(run_cfg, model=model.cfg, boundaries=model.boundaries.cfg)
+    sections = to_dict(run_cfg)
+    if not run_known:  # write no train/data sections rather than defaults that never described this model
+        sections = {k: sections[k] for k in ("model", "boundaries")}
+    facts = {**(info.training if info is not None else {}), **(training or {})}
+    n_params = sum(p.numel() for p in model.parameters())
+    meta = {"model_type": MODEL_TYPE, "learntok_version": __version__, "format_version": FORMAT_VERSION,
+            **sections, "training": facts, "num_parameters": n_params}
+
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
+        weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION)}))
+    _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
+    card = directory / CARD_NAME
+    if overwrite_card or not card.exists():
+        _write_atomic(card, lambda p: p.write_text(model_card(meta)))
+    return directory
+
+
+def _write_atomic(path: Path, write) -> None:
+    """Write through a temporary file renamed into place: a crash never leaves a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def model_card(meta: dict) -> str:
+    """A README.md for the Hub from the contents of config.json."""
+    m, b, facts = meta["model"], meta["boundaries"], meta.get("training", {})
+    strategy = b["name"] + (f" (w = {b['lags']} lags)" if b["name"] == "learned" else "")
+    rows = [
+        ("parameters", f"{meta['num_parameters'] / 1e6:.2f}M"),
+        ("width / heads", f"{m['d_model']} / {m['n_heads']}"),
+        ("layers: byte encoder / token level / byte decoder", f"{m['n_down_layers']} / {m['n_mid_layers']} / {m['n_up_layers']}"),
+        ("byte-level sliding window", str(m["window"])),
+        ("boundary strategy", strategy),
+        ("target boundary rate", f"{b['target_rate']:g}"),
+    ]
+    if "bytes_seen" in facts:
+        rows.append(("training bytes", f"{facts['bytes_seen']:,}" + (f" ({facts['step']:,} steps)" if "step" in facts else "")))
+    else:
+        rows.append(("training bytes", "not recorded"))
+    if meta.get("train"):
+        rows.append(("training sequence length", f"{meta['train']['seq_len']} bytes"))
+    if meta.get("data"):
+        rows.append(("training data", str(meta["data"]["source"])))
+    if isinstance(facts.get("val_bpb"), (int, float)) and math.isfinite(facts["val_bpb"]):
+        rows.append(("held-out bits per byte", f"{facts['val_bpb']:.3f} (boundaries sampled)"))
+    if isinstance(facts.get("val_boundary_rate"), (int, float)):
+        rows.append(("held-out boundary rate", f"{facts['val_boundary_rate']:.3f}"))
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    config = {k: meta[k] for k in _CONFIG_SECTIONS if k in meta}
+    return f"""---
+library_name: learntok
+pipeline_tag: text-generation
+tags:
+- byte-level
+- tokenizer-free
+- learned-tokenization
+- autoregressive-u-net
+---
+
+# learntok byte-level U-Net ({b['name']} boundaries)
+
+A language model over UTF-8 bytes that groups bytes into tokens inside the network: an autoregressive
+U-Net (byte encoder, token-level transformer, byte decoder) whose token boundaries come from the
+`{b['name']}` strategy. Made with [learntok](https://pypi.org/project/learntok/), which implements
+"You Can Learn Tokenization End-to-End with Reinforcement Learning" (Dauncey & Wattenhofer, 2026).
+
+| | |
+|---|---|
+{table}
+
+## Usage
+
+```python
+from learntok.model.unet import ByteUNet
+
+model = ByteUNet.from_pretrained("<this repo or directory>")
+print(model.segment("The quick brown fox").tokens())  # its tokens of a text
+print(model.score("The quick brown fox"))             # bits per byte
+print(model.generate("The quick", max_bytes=100, temperature=0.8, seed=0))
+```
+
+Command line: `learntok segment DIR "some text" --html tokens.html`, `learntok score DIR --file text.txt`,
+`learntok generate DIR --prompt "The" --max-bytes 200`.
+
+## Config
+
+learntok {meta['learntok_version']}, format version {meta['format_version']}.
+
+```json
+{json.dumps(config, indent=2)}
+```
+"""
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+def from_pretrained(path_or_repo: str | Path, device: str | torch.device = "cpu", *, revision: str | None = None,
+                    token: str | None = None, cache_dir: str | None = None, local_files_only: bool = False):
+    """Load a model, in eval mode, from a directory written by `save_pretrained`, a training run or
+    checkpoint directory, or a Hugging Face Hub repo id (`owner/name`, downloaded on first use)."""
+    path = Path(path_or_repo).expanduser()
+    if path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME, "state.json"):
+        path = path.parent
+    if path.is_dir():
+        directory = path
+    elif _REPO_ID.match(str(path_or_repo)):
+        directory = _download(str(path_or_repo), revision, token, cache_dir, local_files_only)
+    else:
+        raise ModelLoadError(f"{path_or_repo}: no such directory, and not a Hugging Face Hub repo id (owner/name)")
+
+    if (directory / CONFIG_NAME).exists():
+        return load_directory(directory, device, source=str(path_or_repo))
+    if (directory / "state.json").exists() or ckpt_io.list_checkpoints(directory):
+        return load_run(directory, device)
+    raise ModelLoadError(f"{directory}: not a learntok model: expected {CONFIG_NAME} and {WEIGHTS_NAME} "
+                         f"(written by save_pretrained) or a training run with step_* checkpoints")
+
+
+def read_config(directory: str | Path) -> tuple[RunConfig, dict]:
+    """The config of a model directory and the raw config.json, checked for its format version."""
+    path = Path(directory) / CONFIG_NAME
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or ("format_version" not in meta and meta.get("model_type") != MODEL_TYPE):
+        raise ModelLoadError(f"{path}: not a learntok config (no format_version; model_type "
+                             f"{meta.get('model_type') if isinstance(meta, dict) else None!r}, expected {MODEL_TYPE!r})")
+    version, written_by = meta.get("format_version"), meta.get("learntok_version", "an unknown version")
+    if not isinstance(version, int) or version < 1:
+        raise ModelLoadError(f"{path}: format_version {version!r} is not one learntok ever wrote")
+    if version > FORMAT_VERSION:
+        raise ModelLoadError(f"{path}: written by learntok {written_by} in model format {version}; this learntok "
+                             f"{__version__} reads format {FORMAT_VERSION} and older. Upgrade: pip install -U learntok")
+    meta = _upgrade(meta, version)
+    missing = [k for k in ("model", "boundaries") if not isinstance(meta.get(k), dict)]
+    if missing:
+        raise ModelLoadError(f"{path}: the config has no {' or '.join(missing)} section")
+    try:
+        cfg = from_dict({k: meta[k] for k in _CONFIG_SECTIONS if isinstance(meta.get(k), dict)})
+    except ConfigError as e:
+        raise ModelLoadError(f"{path} (written by learntok {written_by}; this is {__version__}): {e}") from None
+    return cfg, meta
+
+
+def _upgrade(meta: dict, version: int) -> dict:
+    """Bring an older config.json to the current format. Format 1 is the first: nothing to do yet; a
+    later format adds its step here, so that every older directory keeps loading."""
+    return meta
+
+
+def load_directory(directory: str | Path, device: str | torch.device = "cpu", source: str | None = None):
+    """Load a `save_pretrained` directory (see `from_pretrained`)."""
+    from .model.unet import ByteUNet
+
+    directory = Path(directory)
+    cfg, meta = read_config(directory)
+    try:
+        model = ByteUNet(cfg.model, cfg.boundaries)
+    except ValueError as e:  # e.g. a boundary strategy this installation does not have
+        raise ModelLoadError(f"{directory / CONFIG_NAME}: cannot build the model it describes: {e}") from None
+    weights = directory / WEIGHTS_NAME
+    try:
+        ckpt_io.load_weights(model, directory)
+    except ckpt_io.CheckpointError as e:
+        if not weights.exists():
+            raise ModelLoadError(f"{weights}: missing; a model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}") from None
+        raise ModelLoadError(f"{directory}: {CONFIG_NAME} and {WEIGHTS_NAME} do not match: {e}") from None
+    model.info = ModelInfo(cfg, dict(meta.get("training") or {}), source or str(directory),
+                           run_known=isinstance(meta.get("train"), dict))
+    return model.to(device).eval()
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu"):
+    """Load the newest checkpoint of a training run (or one `step_*` checkpoint), with what the run
+    recorded about its training (bytes seen, the last held-out bits per byte)."""
+    from .model.loading import load_model
+
+    model, cfg = load_model(path, device)
+    ckpt = ckpt_io.latest_checkpoint(Path(path))
+    state = ckpt_io.read_state(ckpt)
+    facts = {k: state[k] for k in ("step", "bytes_seen") if k in state}
+    metrics = ckpt.parent / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "val_bpb" in row and row.get("step", 0) <= facts.get("step", math.inf):
+                facts.update({k: row[k] for k in ("val_bpb", "val_boundary_rate") if k in row})
+    model.info = ModelInfo(cfg, facts, str(path))
+    return model
+
+
+# --- the Hub -------------------------------------------------------------------------------------
+
+def _hub():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ImportError("the Hugging Face Hub needs huggingface_hub: pip install 'learntok[hub]'") from None
+    return huggingface_hub
+
+
+def _download(repo_id: str, revision, token, cache_dir, local_files_only) -> Path:
+    hub = _hub()
+    try:
+        local = hub.snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
+                                      local_files_only=local_files_only, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME],
+                                      library_name="learntok", library_version=__version__)
+    except Exception as e:  # not found, no network, no access: say which and keep the original error chained
+        raise ModelLoadError(f"{repo_id}: no local directory of that name, and downloading it from the Hugging Face "
+                             f"Hub failed ({type(e).__name__}: {e})") from e
+    return Path(local)
+
+
+def push_to_hub(model, repo_id: str, *, private: bool | None = None, token: str | None = None,
+                commit_message: str = "Upload learntok model", revision: str | None = None,
+                create_pr: bool = False, **save_kwargs) -> str:
+    """Upload config.json, model.safetensors and README.md to the Hub repo `repo_id` (created if needed).
+    Returns the commit URL."""
+    hub = _hub()
+    api = hub.HfApi(token=token)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pretrained(model, tmp, **save_kwargs)
+        api.create_repo(repo_id, private=private, exist_ok=True, token=token)
+        commit = api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, revision=revision,
+                                   create_pr=create_pr, token=token)
+    return str(getattr(commit, "commit_url", commit))

@@ -1,0 +1,211 @@
+"""Gradient accumulation with the advantage baseline over the whole global batch (DESIGN.md §3, §5).
+
+The policy's advantage A_{b,i} = G_{b,i} - mean_{b'} G_{b',i} and the target loss's mean(p) are
+statistics of the whole global batch, and G depends on every micro-batch's forward pass. A step therefore
+runs in two phases, with the model split at the encoder output X:
+
+phase 1, for each micro-batch m: X_m = encoder(bytes_m); h_m = X_m as a leaf that requires grad;
+    everything downstream of X (boundaries, token level, decoder, both heads) runs on h_m. The terms
+    that need nothing from other micro-batches (L_auto, L_early, and the losses of a strategy without
+    batch statistics) are backpropagated at once: that frees the downstream activations and leaves
+    dL/dh_m in h_m.grad. Kept until phase 2: h_m and h_m.grad, the strategy's loss graph on h_m (for the
+    learned policy W X_m and the logits, about w + 4 floats per byte), the detached rewards, and the
+    strategy's batch statistics (sums over rows).
+between: the statistics are summed over micro-batches (sums, so that ranks can all-reduce them too).
+phase 2, for each micro-batch m: the strategy's losses with the global statistics (advantages against
+    the global baseline, means over the global count) are backpropagated into h_m.grad and the policy's
+    parameters; then X_m is backpropagated through the encoder with h_m.grad. With `recompute_encoder`
+    X_m was computed without a graph in phase 1 and is recomputed here (one more encoder forward, about
+    10% of a step at the paper's sizes); otherwise the encoder graphs of all micro-batches stay alive
+    through phase 1, which at the paper's sizes costs more memory than a micro-batch of the whole model.
+
+Why it is exact: every term is a sum over rows divided by a count taken over the whole batch (valid
+bytes for L_auto and L_early, deciding positions for L_pi and L_target), with the baseline and mean(p)
+of the whole batch, so the micro-batch terms add up to the single-batch loss term by term, and their
+gradients to its gradient; the chain rule through X is applied to the sum of both phases' dL/dX_m.
+Boundaries are sampled from uniforms drawn for the whole batch before it is split, so micro-batch m
+draws exactly what its rows draw in one pass. Only the order of floating-point additions differs.
+Metrics are computed on the whole batch as well (the strategy's on the concatenated micro-batches).
+
+Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
+global counts (rows, valid bytes, real bytes), as the denominators, and `reduce`, which sums the
+strategy's batch statistics over ranks before phase 2. Each rank's loss is then its part of the global
+loss, the gradients add up over ranks (SUM), and the returned metrics are this rank's parts of the global
+batch's (summed over ranks they give them; the strategy's own metrics are weighted by rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..boundaries import Boundaries, LossInputs
+from ..data.batch import PAD, Batch
+from ..model.unet import ByteUNet, target_log_probs
+from ..objectives import LN2
+
+
+@dataclass
+class _Kept:
+    """What one micro-batch carries from phase 1 to phase 2."""
+
+    inputs: torch.Tensor  # (b, T) bytes, to recompute X
+    hidden: torch.Tensor | None  # X with its encoder graph (not recomputing), else None
+    h: torch.Tensor  # (b, T, C) the leaf the downstream ran on; h.grad holds dL/dX so far
+    bnd: Boundaries  # the strategy's decisions, with the graph of its losses
+    loss_inputs: LossInputs
+    rows: int
+
+
+def split_rows(batch: Batch, pieces: int) -> list[tuple[slice, Batch]]:
+    """(rows, sub-batch) for `pieces` contiguous blocks of rows, as equal as they can be."""
+    n = batch.inputs.shape[0]
+    if not 1 <= pieces <= n:
+        raise ValueError(f"cannot split a batch of {n} rows into {pieces} micro-batches")
+    out = []
+    for i in range(pieces):
+        rows = slice(i * n // pieces, (i + 1) * n // pieces)
+        parts = (None if t is None else t[rows] for t in (batch.inputs, batch.targets, batch.doc_start, batch.boundaries))
+        out.append((rows, Batch(*parts)))
+    return out
+
+
+def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, uniforms: torch.Tensor | None = None,
+                         generator: torch.Generator | None = None, recompute_encoder: bool = True,
+                         totals: dict | None = None, reduce=None) -> dict:
+    """Backpropagate the loss of `batch` in `micro_batches` pieces: afterwards `.grad` holds the gradient
+    of `model.loss(batch, uniforms=uniforms)[0]` (added to what was there). Returns that call's metrics,
+    over the whole batch. `uniforms` (B, T): the draws of a sampling strategy for the whole batch.
+    `totals` ({"rows", "valid", "real"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
+    rank's part of a global batch (see the module's docstring)."""
+    strategy = model.boundaries
+    lambda_early = strategy.cfg.lambda_early
+    n_rows = totals["rows"] if totals else batch.inputs.shape[0]
+    n_valid = batch.valid.sum()  # this batch's valid bytes
+    # the per-byte means' denominator, over the whole (global) batch
+    denom = (totals["valid"] if totals else n_valid).clamp(min=1).float()
+    kept: list[_Kept] = []
+    stats: dict[str, torch.Tensor] = {}
+    sums = {"loss": 0.0, "nll": 0.0, "nll_early": 0.0, "boundaries": 0.0, "tokens": 0, "token_slots": 0}
+    aux_values: dict[str, torch.Tensor] = {}
+
+    # phase 1: forward, backward of the local terms, batch statistics
+    for rows, mb in split_rows(batch, micro_batches):
+        with torch.set_grad_enabled(not recompute_encoder):
+            hidden = model.encode(mb.inputs)  # X (b, T, C)
+        h = hidden.detach().requires_grad_()
+        out = model(mb.inputs, doc_start=mb.doc_start, supplied=mb.boundaries, generator=generator,
+                    uniforms=None if uniforms is None else uniforms[rows], hidden=h)
+        valid = mb.valid
+        logp = target_log_probs(out.logits, mb.targets)
+        logp_early = target_log_probs(out.early_logits, mb.targets)
+        nll = -(logp * valid).sum()
+        nll_early = -(logp_early * valid).sum()
+        local = (nll + lambda_early * nll_early) / denom
+        loss_inputs = LossInputs(logp.detach(), logp_early.detach(), valid, out.forced)
+        mb_stats = strategy.batch_stats(out.boundaries, loss_inputs)
+        aux = {}
+        if not mb_stats:  # its losses are means over rows: weight them by this micro-batch's share
+            share = mb.inputs.shape[0] / n_rows
+            aux = strategy.losses(out.boundaries, loss_inputs)
+            for k, (w, v) in aux.items():
+                local = local + share * w * v
+                aux_values[k] = aux_values.get(k, 0.0) + share * v.detach()
+        for k, v in mb_stats.items():
+            stats[k] = stats[k] + v.detach() if k in stats else v.detach()
+        # frees the downstream graph; the strategy's loss graph branches off h separately and survives
+        local.backward()
+        real = mb.inputs != PAD
+        sums["loss"] += local.detach()
+        sums["nll"] += nll.detach()
+        sums["nll_early"] += nll_early.detach()
+        sums["boundaries"] += (out.boundaries.a & real).sum()
+        sums["tokens"] += out.tok_valid.sum()
+        sums["token_slots"] += out.tok_pos.numel()
+        kept.append(_Kept(mb.inputs, None if recompute_encoder else hidden, h, out.boundaries, loss_inputs,
+                          mb.inputs.shape[0]))
+        del out, logp, logp_early, nll, nll_early, local, aux, hidden  # the downstream graph goes with them
+    if stats and reduce is not None:
+        stats = reduce(stats)  # the global batch's sums, over ranks
+
+    # phase 2: the losses that need the whole batch, then the encoder
+    for k in kept:
+        if stats:
+            aux = strategy.losses(k.bnd, k.loss_inputs, stats)
+            deferred = sum(w * v for w, v in aux.values())
+            if torch.is_tensor(deferred) and deferred.requires_grad:
+                try:
+                    deferred.backward()  # into h.grad and the strategy's parameters
+                except RuntimeError as e:
+                    if "second time" not in str(e):
+                        raise
+                    raise RuntimeError(
+                        f"boundary strategy {strategy.name!r}: the graph of the losses that use batch_stats shares "
+                        f"nodes with the decoder's, which phase 1 of gradient accumulation has freed; compute "
+                        f"them from the encoder output separately (see BoundaryStrategy.batch_stats)") from e
+            sums["loss"] += deferred.detach() if torch.is_tensor(deferred) else deferred
+            for name, (_, v) in aux.items():
+                aux_values[name] = aux_values.get(name, 0.0) + v.detach()
+        hidden = model.encode(k.inputs) if recompute_encoder else k.hidden
+        grad = k.h.grad if k.h.grad is not None else torch.zeros_like(k.h)
+        hidden.backward(grad)
+        k.h.grad, k.hidden, k.bnd = None, None, _detached(k.bnd)  # free this micro-batch's graphs
+
+    real = batch.inputs != PAD
+    metrics = {
+        "loss": torch.as_tensor(sums["loss"]).detach(),
+        "bpb": sums["nll"] / denom / LN2,
+        "early_bpb": sums["nll_early"] / denom / LN2,
+        "boundary_rate": sums["boundaries"] / (totals["real"] if totals else real.sum()).clamp(min=1),
+        "tokens": torch.as_tensor(sums["tokens"]),
+        "token_slots": torch.as_tensor(sums["token_slots"]),
+        "bytes": n_valid,
+    }
+    metrics.update({f"loss_{k}": torch.as_tensor(v) for k, v in aux_values.items()})
+    share = batch.inputs.shape[0] / n_rows  # this rank's part of the rows
+    metrics.update({k: v * share if share != 1 else v for k, v in _strategy_metrics(strategy, kept).items()})
+    return metrics
+
+
+def _strategy_metrics(strategy, kept: list[_Kept]) -> dict[str, torch.Tensor]:
+    """The strategy's metrics over the whole batch: on the micro-batches' detached tensors concatenated
+    along the rows when they all have one row per sequence, else the row-weighted mean of each's."""
+    whole = _concat([k.bnd for k in kept], [k.loss_inputs for k in kept])
+    if whole is not None:
+        return strategy.metrics(*whole)
+    total = sum(k.rows for k in kept)
+    out: dict[str, torch.Tensor] = {}
+    for k in kept:
+        for name, v in strategy.metrics(_detached(k.bnd), k.loss_inputs).items():
+            out[name] = out.get(name, 0.0) + v * (k.rows / total)
+    return out
+
+
+def _detached(bnd: Boundaries) -> Boundaries:
+    return Boundaries(bnd.a, None if bnd.probs is None else bnd.probs.detach(),
+                      {k: v.detach() if torch.is_tensor(v) else v for k, v in bnd.extras.items()})
+
+
+def _cat(tensors: list) -> torch.Tensor | None:
+    if any(not torch.is_tensor(t) or t.dim() == 0 for t in tensors):
+        return None
+    if len({tuple(t.shape[1:]) for t in tensors}) != 1:
+        return None
+    return torch.cat([t.detach() for t in tensors], dim=0)
+
+
+def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundaries, LossInputs] | None:
+    a = _cat([b.a for b in bnds])
+    probs = None if bnds[0].probs is None else _cat([b.probs for b in bnds])
+    extras = {}
+    for key in bnds[0].extras:
+        joined = _cat([b.extras.get(key) for b in bnds])
+        if joined is None:
+            return None
+        extras[key] = joined
+    if a is None or (bnds[0].probs is not None and probs is None):
+        return None
+    li = LossInputs(*(torch.cat([getattr(i, f) for i in inputs], dim=0)
+                      for f in ("logp", "logp_early", "valid", "forced")))
+    return Boundaries(a, probs, extras), li

@@ -1,0 +1,161 @@
+"""Checkpoints: atomic even when the disk fills, the newest K kept, clear errors for truncated, corrupt
+and incompatible checkpoints."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+import torch
+from conftest import tiny_config
+from test_train import memory_data, tiny_trainer
+
+from learntok.model.loading import load_model
+from learntok.model.unet import ByteUNet
+from learntok.train import checkpoint as ckpt_io
+from learntok.train.checkpoint import CheckpointError
+from learntok.train.trainer import Trainer
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run of 4 steps with checkpoints at 2 and 4."""
+    trainer = tiny_trainer(tmp_path / "run", training_bytes=4 * 4 * 64, checkpoint_every=2)
+    trainer.train()
+    return trainer
+
+
+def weights(ckpt) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def test_round_trip(run):
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    assert ckpt.name == "step_000004"
+    state = ckpt_io.read_state(ckpt)
+    assert state["step"] == 4 and set(state["files"]) == {"model.safetensors", "optimizer.safetensors"}
+    model, _ = load_model(run.run_dir)
+    for (name, p), q in zip(run.model.named_parameters(), model.parameters()):
+        assert torch.equal(p.detach(), q), name
+
+
+def fail_midway(monkeypatch, fail_on: str):
+    """Make the safetensors writer fill the disk halfway through the file named `fail_on`."""
+    real = ckpt_io.save_file
+
+    def save_file(tensors, path, *args, **kwargs):
+        if path.endswith(fail_on):
+            with open(path, "wb") as f:
+                f.write(b"\0" * 1000)  # part of the file reached the disk
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real(tensors, path, *args, **kwargs)
+    monkeypatch.setattr(ckpt_io, "save_file", save_file)
+
+
+@pytest.mark.parametrize("fail_on", ["model.safetensors", "optimizer.safetensors"])
+def test_full_disk_leaves_no_half_checkpoint_and_the_previous_intact(run, monkeypatch, fail_on):
+    before = {p.name: weights(p) for p in ckpt_io.list_checkpoints(run.run_dir)}
+    listing = sorted(p.name for p in run.run_dir.iterdir())
+    run.train_step(run.data.train.next_batch())  # step 5
+    fail_midway(monkeypatch, fail_on)
+    with pytest.raises(CheckpointError) as info:
+        run.save()
+    message = str(info.value)
+    assert "No space left on device" in message and "step_000004" in message and "intact" in message
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
+    assert sorted(p.name for p in run.run_dir.iterdir()) == listing  # nothing new, not even a temporary
+    for ckpt in ckpt_io.list_checkpoints(run.run_dir):
+        assert all(torch.equal(v, before[ckpt.name][k]) for k, v in weights(ckpt).items())
+    monkeypatch.undo()
+    resumed = tiny_trainer(run.run_dir, resume=True, training_bytes=4 * 4 * 64)
+    assert resumed.step == 4
+
+
+def test_keep_last_k(tmp_path):
+    trainer = tiny_trainer(tmp_path / "run", training_bytes=5 * 4 * 64, checkpoint_every=1, keep_checkpoints=3)
+    trainer.train()
+    assert [p.name for p in ckpt_io.list_checkpoints(trainer.run_dir)] == ["step_000003", "step_000004", "step_000005"]
+
+
+def test_a_temporary_left_by_a_kill_is_cleaned_and_ignored(run):
+    leftover = run.run_dir / ".tmp_step_000006"
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_bytes(b"half")
+    assert ckpt_io.latest_checkpoint(run.run_dir).name == "step_000004"
+    tiny_trainer(run.run_dir, resume=True, training_bytes=4 * 4 * 64)
+    assert not leftover.exists()
+
+
+def test_saving_the_same_step_again_keeps_a_checkpoint(run):
+    path = ckpt_io.save_checkpoint(run.run_dir, 4, run.model, run.optimizer, run._state())
+    assert path.name == "step_000004" and ckpt_io.read_state(path)["step"] == 4
+    assert not list(run.run_dir.glob(".old_step_*"))
+
+
+def test_truncated_weights_give_a_clear_error(run):
+    path = ckpt_io.latest_checkpoint(run.run_dir) / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"model.safetensors is truncated or damaged: .* bytes, .* were written"):
+        load_model(run.run_dir)
+    # resuming says the same, and which earlier checkpoint could be used
+    with pytest.raises(CheckpointError, match=r"truncated.*earlier checkpoints .*step_000002"):
+        tiny_trainer(run.run_dir, resume=True)
+
+
+def test_corrupt_bytes_give_a_clear_error(run):
+    path = ckpt_io.latest_checkpoint(run.run_dir) / "optimizer.safetensors"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle: still parses, wrong numbers
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"optimizer.safetensors is corrupt: its SHA-256 differs"):
+        tiny_trainer(run.run_dir, resume=True)
+
+
+def test_corrupt_or_missing_state_gives_a_clear_error(run):
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    (ckpt / "state.json").write_text('{"format_version": 1, "step": ')
+    with pytest.raises(CheckpointError, match=r"state.json is corrupt"):
+        load_model(ckpt)
+    (ckpt / "state.json").unlink()
+    with pytest.raises(CheckpointError, match=r"missing state.json"):
+        ckpt_io.read_state(ckpt)
+
+
+def test_checkpoint_written_before_checksums_still_loads(run):
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    state = json.loads((ckpt / "state.json").read_text())
+    del state["files"]
+    (ckpt / "state.json").write_text(json.dumps(state))
+    load_model(ckpt)
+    path = ckpt / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-100])  # without recorded sizes the parser still notices
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt or truncated"):
+        load_model(ckpt)
+
+
+def test_incompatible_model_says_what_differs(run):
+    cfg = tiny_config()
+    cfg.model.d_model, cfg.model.n_up_layers = 48, 2
+    cfg.train.tensorboard, cfg.train.threads = False, 1
+    with pytest.raises(CheckpointError) as info:
+        Trainer(cfg, run.run_dir, resume=True, progress=False, data=memory_data(cfg))
+    message = str(info.value)
+    assert "written by another model" in message
+    assert "model.d_model: checkpoint 32, requested 48" in message and "model.n_up_layers: checkpoint 1, requested 2" in message
+
+
+def test_weights_of_another_size_name_the_tensors(run):
+    cfg = tiny_config()
+    cfg.model.d_model = 48
+    with pytest.raises(CheckpointError, match=r"weights do not fit this model \(shape mismatch \(tensor, checkpoint, "
+                                              r"model\) \[\('[a-z_.0-9]+', \(\d+, 32\), \(\d+, 48\)\)"):
+        ckpt_io.load_weights(ByteUNet(cfg.model, cfg.boundaries), ckpt_io.latest_checkpoint(run.run_dir))

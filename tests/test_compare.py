@@ -1,0 +1,102 @@
+"""`learntok compare` end to end on a tiny model and budget: every report file, one table row per
+strategy (an unregistered one reported as skipped), FLOPs matched to the budget, a second run reusing the
+finished runs; and the FLOPs-per-byte planning."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from learntok.cli import main as cli_main
+from learntok.compare import CompareSettings, aggregate, flops_per_byte, table_markdown
+from learntok.config import load_config
+from learntok.train.trainer import build_model, make_data
+
+TINY = ["model.d_model=32", "model.n_heads=2", "model.n_down_layers=1", "model.n_mid_layers=1", "model.n_up_layers=1",
+        "model.window=8", "train.seq_len=64", "train.batch_size=4", "train.threads=1", "train.tensorboard=false",
+        "train.warmup_bytes=500", "train.eval_batches=1", "train.checkpoint_every=0"]
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A small JSONL corpus, prepared with a BPE track (so `bpe` trains and BPE agreement is measured)."""
+    pytest.importorskip("tokenizers")
+    root = tmp_path_factory.mktemp("compare")
+    rng = np.random.default_rng(1)
+    words = "the quick brown fox jumps over a lazy dog while tokens learn where bytes end".split()
+    lines = [json.dumps({"text": " ".join(words[j] for j in rng.integers(0, len(words), rng.integers(4, 70))) + "."})
+             for _ in range(120)]
+    (root / "docs.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    assert cli_main(["prepare", str(root / "docs.jsonl.gz"), "--out", str(root / "data"), "--val-fraction", "0.1",
+                     "--bpe-rate", "0.3", "--quiet"]) == 0
+    return root / "data"
+
+
+def test_compare_end_to_end(prepared, tmp_path, capsys):
+    out = tmp_path / "report"
+    budget = 6e8  # about ten steps of 4 x 64 bytes
+    (tmp_path / "paragraph.txt").write_text("The quick brown fox jumps over a lazy dog.")  # short: a quick PNG
+    args = ["compare", "--strategies", "uniform,bpe,no_such_strategy", "--flops", str(budget),
+            "--out", str(out), "--eval-points", "2", "--paragraph-file", str(tmp_path / "paragraph.txt"),
+            "--no-progress", *TINY,
+            f"data.source={prepared}", "data.mode=packed"]
+    assert cli_main(args) == 0
+    for name in ("table.md", "results.json", "bpb_vs_flops.png", "segmentation.png", "segmentation.html", "command.txt"):
+        assert (out / name).stat().st_size > 0, name
+    table = (out / "table.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert {"uniform", "bpe", "no_such_strategy"} <= set(rows)
+    assert "skipped: not registered" in rows["no_such_strategy"]
+    results = json.loads((out / "results.json").read_text())
+    by_name = {r["strategy"]: r for r in results["rows"]}
+    for name in ("uniform", "bpe"):
+        r = by_name[name]
+        assert r["status"] == "ok" and 0 < r["bpb"] < 9
+        assert budget <= r["flops"] <= budget * 1.15  # stops at the first step past the budget
+        assert len(next(x for x in results["runs"] if x["strategy"] == name)["curve"]) >= 2
+    assert 0.1 < by_name["uniform"]["rate"] < 0.3 and by_name["uniform"]["mean_token_bytes"] > 3
+    assert by_name["bpe"]["bpe_f1"] == 1.0  # the reference is the track it trains with
+    html = (out / "segmentation.html").read_text()
+    assert all(f"<h2>{name} " in html for name in ("uniform", "bpe"))
+    assert "learntok compare" in (out / "command.txt").read_text()
+
+    capsys.readouterr()
+    assert cli_main(args) == 0  # the same command again: finished runs are reused, not retrained
+    assert capsys.readouterr().out.count("reusing the finished run") == 2
+
+
+def test_flops_per_byte_matches_the_trainer_accounting(prepared):
+    cfg = load_config(None, TINY + [f"data.source={prepared}", "data.mode=packed", "boundaries.name=uniform"])
+    model = build_model(cfg)
+    batches = make_data(cfg).val[:1]
+    per_byte = flops_per_byte(model, batches)
+    p = model.matrix_params()
+    B, T = batches[0].inputs.shape
+    tokens = 16  # round(64 * 0.2) = 13 boundaries (BOS included: 14), padded to a multiple of 8
+    assert per_byte == pytest.approx(6 * (p["byte"] * B * T + p["token"] * B * tokens) / (B * T))
+
+
+def test_table_reports_skipped_and_spread_over_seeds():
+    from learntok.compare import RunResult
+
+    summary = {"rate": 0.2, "whitespace_precision": 0.3, "whitespace_recall": 0.2, "whitespace_share": 0.18,
+               "word_f1": 0.25, "mean_token_bytes": 5.0, "enrichment_B": 1.1, "bpe_f1": 0.3}
+    runs = [RunResult("learned", s, "ok", bpb=2.0 + 0.1 * s, flops=1e9, bytes=1e5, analysis={"summary": summary})
+            for s in range(2)] + [RunResult("hnet", 0, "skipped", "its data cannot be made")]
+    rows = aggregate(runs)
+    assert rows[0]["bpb"] == pytest.approx(2.05) and rows[0]["bpb_std_over_seeds"] == pytest.approx(0.0707, abs=1e-4)
+    text = table_markdown(rows, 1e9)
+    assert "2.050 ± 0.071 (2 seeds)" in text and "| hnet | skipped: its data cannot be made |" in text
+    assert isinstance(CompareSettings(None, ["learned"], 1e9, Path("x")).eval_samples, int)

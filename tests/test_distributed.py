@@ -1,0 +1,149 @@
+"""Data parallelism on CPU: 2 processes with the gloo backend give the single-process run's metrics (the
+same global batch, the same boundary samples, the advantage baseline over all ranks), for ddp and fsdp;
+a checkpoint written by 2 ranks resumes in 1 process; bf16 autocast runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import tiny_config
+
+from learntok.data.demo import StreamBatches, stream_eval_batches
+from learntok.train import checkpoint as ckpt_io
+from learntok.train.trainer import DataSources, Trainer, read_metrics
+
+BATCH, SEQ = 8, 64
+# metrics that must agree with the single-process run; flops and padding_fraction do not: each rank pads
+# the token level to its own longest token sequence, so 2 ranks compute fewer token slots than 1
+COMPARED = ("loss", "bpb", "early_bpb", "boundary_rate", "loss_policy", "loss_target", "grad_norm", "lr",
+            "tokens", "val_bpb", "val_boundary_rate")
+REL = 1e-5  # relative tolerance: only the order of floating-point additions differs
+
+
+def words() -> bytes:
+    rng = np.random.default_rng(0)
+    vocab = [b"the ", b"tokens ", b"of ", b"a ", b"byte ", b"model ", b"learn ", b"where ", b"to ", b"end. "]
+    return b"".join(vocab[i] for i in rng.integers(0, len(vocab), 6000))
+
+
+def rank_data(cfg, rank: int, world: int) -> DataSources:
+    """This rank's share of each global batch of BATCH windows; the held-out windows of one process."""
+    t, text = cfg.train, words()
+    rows = t.batch_size // world
+    return DataSources(StreamBatches(text, t.seq_len, rows, seed=t.seed, rank=rank, world_size=world),
+                       stream_eval_batches(text, t.seq_len, rows, t.eval_batches * world), "in-memory words")
+
+
+def config(parallel: str, steps: int, **train):
+    cfg = tiny_config()
+    t = cfg.train
+    t.seq_len, t.batch_size, t.parallel = SEQ, BATCH, parallel
+    t.tensorboard, t.threads, t.log_every, t.eval_batches = False, 1, 1, 2
+    t.training_bytes, t.warmup_bytes, t.eval_every, t.checkpoint_every = steps * BATCH * SEQ, 1000, 2, 0
+    for k, v in train.items():
+        setattr(t, k, v)
+    return cfg
+
+
+def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps: int, train: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    cfg = config(parallel, steps, **train)
+    try:
+        trainer = Trainer(cfg, run_dir, progress=False, data=rank_data(cfg, rank, world))
+        trainer.train()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, parallel: str, run_dir, steps: int, **train) -> list[dict]:
+    mp.spawn(_worker, args=(world, free_port(), parallel, str(run_dir), steps, train), nprocs=world, join=True)
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
+def run_single(run_dir, steps: int, resume: bool = False, **train) -> list[dict]:
+    threads = torch.get_num_threads()
+    try:
+        cfg = config("none", steps, **train)
+        Trainer(cfg, run_dir, resume=resume, progress=False, data=rank_data(cfg, 0, 1)).train()
+    finally:
+        torch.set_num_threads(threads)
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
+def assert_same_metrics(got: list[dict], want: list[dict], rel: float = REL) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        for key in COMPARED:
+            if key in w:
+                assert g[key] == pytest.approx(w[key], rel=rel, abs=1e-7), (g["step"], key)
+        assert g["bytes"] == w["bytes"] and g["skipped_steps"] == w["skipped_steps"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> list[dict]:
+    """The reference: 4 steps in one process, the global batch in one piece."""
+    return run_single(tmp_path_factory.mktemp("single") / "run", steps=4)
+
+
+def test_ddp_two_ranks_match_one_process(single, tmp_path):
+    rows = run_ranks(2, "ddp", tmp_path / "run", steps=4)
+    assert_same_metrics(rows, single)
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_match_one_process(single, tmp_path):
+    rows = run_ranks(2, "fsdp", tmp_path / "run", steps=4)
+    assert_same_metrics(rows, single)
+
+
+@pytest.mark.slow
+def test_ddp_with_micro_batches_matches_one_process(single, tmp_path):
+    """2 ranks x 2 micro-batches: the baseline is still the whole global batch's."""
+    assert_same_metrics(run_ranks(2, "ddp", tmp_path / "run", steps=4, micro_batches=2), single)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_rank_checkpoint_resumes_in_one_process(single, tmp_path, parallel):
+    """2 ranks write the full-state checkpoint of step 2; one process continues to step 4 with the
+    uninterrupted run's metrics."""
+    run_dir = tmp_path / "run"
+    run_ranks(2, parallel, run_dir, steps=2)
+    ckpt = ckpt_io.latest_checkpoint(run_dir)
+    assert ckpt.name == "step_000002"
+    state = ckpt_io.read_state(ckpt)
+    assert state["config"]["train"]["parallel"] == parallel
+    rows = run_single(run_dir, steps=4, resume=True)
+    assert_same_metrics(rows, single)
+
+
+def test_bf16_autocast_step_is_finite_and_close_to_fp32(tmp_path):
+    cfg = config("none", 1)
+    metrics = {}
+    for precision in ("fp32", "bf16"):
+        cfg.train.precision = precision
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = Trainer(cfg, tmp_path / precision, progress=False, data=rank_data(cfg, 0, 1))
+        assert any("10x slower" in str(w.message) for w in caught) == (precision == "bf16")
+        metrics[precision] = trainer.train_step(trainer.data.train.next_batch())
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # fp32 master weights
+    bf16, fp32 = metrics["bf16"], metrics["fp32"]
+    assert torch.isfinite(bf16["loss"])
+    assert float(bf16["loss"]) == pytest.approx(float(fp32["loss"]), rel=2e-2)
+    assert float(bf16["bpb"]) == pytest.approx(float(fp32["bpb"]), rel=2e-2)

@@ -1,0 +1,217 @@
+"""`learntok eval` on tiny checkpoints: held-out text, benchmarks from local files, Table 1 output."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from learntok.cli import main
+from learntok.config import to_dict
+from learntok.eval.benchmarks import evaluate_task
+from learntok.eval.scorer import UNetScorer
+from learntok.model.unet import ByteUNet
+from learntok.train.checkpoint import save_checkpoint
+
+PIQA = [
+    {"goal": "To open a jar,", "sol1": "twist the lid.", "sol2": "paint the lid.", "label": 0},
+    {"goal": "Dry wet hands", "sol1": "with a towel", "sol2": "with water", "label": 0},
+    {"goal": "Keep bread fresh", "sol1": "leave it open in the sun", "sol2": "store it in a bag", "label": 1},
+]
+HELLASWAG = [{"ind": 1, "activity_label": "Cooking", "ctx_a": "A man cracks an egg.", "ctx_b": "he",
+              "ctx": "A man cracks an egg. he", "endings": ["whisks it.", "sings.", "flies away.", "sleeps."],
+              "label": "0"}]
+ARC = [{"id": "q1", "question": "Which is a liquid?", "choices": {"text": ["water", "rock", "wood"],
+                                                                  "label": ["A", "B", "C"]}, "answerKey": "A"},
+       {"id": "q2", "question": "What gives light?", "choices": {"text": ["the moon", "the sun"],
+                                                                 "label": ["1", "2"]}, "answerKey": "2"}]
+LAMBADA = [{"text": "He put the key in the lock and opened the door"},
+           {"text": "She poured the tea into her favourite cup"}]
+TEXT = ("The byte-level model reads text one byte at a time and learns where its tokens end.\n\n" * 6
+        + "A second paragraph, with other words, to make the held-out text longer than one window.\n" * 4)
+
+
+def make_run(path: Path, seed: int = 0, **boundaries) -> Path:
+    cfg = tiny_config(**boundaries)
+    torch.manual_seed(seed)
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    save_checkpoint(path, 3, model, None, {"config": to_dict(cfg)})
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def eval_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("eval")
+    (d / "piqa_validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PIQA))
+    (d / "lambada_openai_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in LAMBADA))
+    return d
+
+
+@pytest.fixture(scope="module")
+def full_eval_dir(eval_dir, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("eval_all")
+    for f in eval_dir.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "hellaswag_validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in HELLASWAG))
+    (d / "arc_easy_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ARC))
+    return d
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("text") / "heldout.txt"
+    p.write_text(TEXT)
+    return p
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["eval", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_heldout_text_json(capsys, run_dir, text_file):
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--data", text_file, "--json", "--no-progress")
+    assert code == 0, err
+    data = json.loads(out)
+    res = data["rows"][0]["results"]["heldout"]
+    assert res["n"] == 1 and res["extra"]["n_bytes"] == len(TEXT.encode())
+    assert 5 < res["bpb"] < 12  # an untrained model: about log2(259) = 8 bits
+    assert res["extra"]["boundary_mode"] == "sampled" and res["extra"]["se_unit"] == "window"
+    assert data["meta"]["heldout"]["bytes"] == len(TEXT.encode())
+    # the same number from the scorer directly
+    scorer = UNetScorer.from_run(run_dir)
+    direct = scorer.score([(b"", TEXT.encode())])[0]
+    assert math.isclose(res["bpb"], direct.nll_nats / len(TEXT.encode()) / math.log(2), rel_tol=1e-6)
+
+
+def test_jsonl_field(capsys, run_dir, tmp_path):
+    p = tmp_path / "docs.jsonl"
+    p.write_text("".join(json.dumps({"content": t}) + "\n" for t in ("first document here", "and a second one")))
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--data", p, "--field", "content", "--json",
+                             "--no-progress")
+    assert code == 0, err
+    res = json.loads(out)["rows"][0]["results"]["heldout"]
+    assert res["n"] == 2 and res["extra"]["se_unit"] == "document"
+
+
+def test_tasks_and_table(capsys, run_dir, eval_dir, text_file, tmp_path):
+    out_dir = tmp_path / "report"
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "piqa,lambada", "--eval-dir", eval_dir,
+                             "--data", text_file, "--samples", "2", "--out", out_dir, "--no-progress")
+    assert code == 0, err
+    assert "| Model | PIQA | LAMBADA | Held-out text |" in out
+    assert "K=2" in out
+    data = json.loads((out_dir / "table1.json").read_text())
+    results = data["rows"][0]["results"]
+    assert results["piqa"]["n"] == 3 and results["lambada"]["n"] == 2
+    assert len(results["piqa"]["extra"]["bpb_per_sample"]) == 2
+    assert (out_dir / "table1.md").read_text().count("|") > 10
+    # the CLI's numbers are the scorer's
+    scorer = UNetScorer.from_run(run_dir, samples=2)
+    direct = evaluate_task("piqa", scorer, eval_dir, progress=False)
+    assert math.isclose(results["piqa"]["bpb"], direct.bpb, rel_tol=1e-6)
+    assert results["piqa"]["acc"] == direct.acc
+
+
+def test_paper_suite_two_checkpoints(capsys, run_dir, full_eval_dir, text_file, tmp_path):
+    other = make_run(tmp_path / "other", seed=1, name="uniform")
+    out_dir = tmp_path / "table"
+    code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--checkpoint", other, "--name", "learned",
+                             "--name", "uniform", "--suite", "paper", "--eval-dir", full_eval_dir, "--data",
+                             text_file, "--limit", "2", "--out", out_dir, "--no-progress")
+    assert code == 0, err
+    table = (out_dir / "table1.md").read_text()
+    assert "| Model | PIQA | HellaSwag | ARC-Easy | LAMBADA | Held-out text |" in table
+    assert "| learned |" in table and "| uniform |" in table
+    data = json.loads((out_dir / "table1.json").read_text())
+    assert [r["model"] for r in data["rows"]] == ["learned", "uniform"]
+    assert data["meta"]["checkpoints"]["uniform"]["boundary_mode"] == "deterministic"
+    assert data["rows"][1]["results"]["piqa"]["n"] == 2
+    assert data["rows"][0]["results"]["hellaswag"]["n"] == 1 and data["rows"][0]["results"]["arc_easy"]["n"] == 2
+
+
+def test_missing_benchmark_is_reported(capsys, run_dir, eval_dir, monkeypatch):
+    """A task with no local file goes to the hub; when that fails the run goes on and exits 1."""
+    from learntok.eval import benchmarks
+
+    def unavailable(task, *a, **k):
+        raise benchmarks.BenchmarkUnavailableError(f"{task}: hub not reachable (test)")
+
+    monkeypatch.setattr(benchmarks, "_iter_hf", unavailable)
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "piqa,arc_easy", "--eval-dir", eval_dir,
+                             "--limit", "1", "--no-progress")
+    assert code == 1
+    assert "arc_easy: not scored" in err and "| PIQA |" in out
+
+
+def test_quantile_mode(capsys, run_dir, text_file):
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--data", text_file, "--boundaries", "quantile",
+                             "--calibration-data", text_file, "--json", "--no-progress")
+    assert code == 0, err
+    data = json.loads(out)
+    meta = data["meta"]["checkpoints"]["tiny"]
+    assert meta["boundary_mode"] == "quantile" and math.isfinite(meta["tau"])
+    assert abs(meta["calibration"]["realised_rate"] - 0.2) < 0.05
+    assert "tau" in data["rows"][0]["results"]["heldout"]["extra"]
+
+
+def test_errors(capsys, run_dir, tmp_path):
+    code, _, err = run_cli(capsys, "--checkpoint", tmp_path / "missing", "--data", "x")
+    assert code == 2 and "missing" in err
+    code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "mmlu")
+    assert code == 2 and "unknown task" in err
+
+
+@pytest.mark.slow
+def test_trained_checkpoint(capsys, tmp_path, text_file):
+    """A run made by the Trainer (3 steps on the demo corpus) loads and scores."""
+    from learntok.train.trainer import Trainer
+
+    cfg = tiny_config()
+    cfg.train.training_bytes = 3 * cfg.train.batch_size * cfg.train.seq_len
+    cfg.train.eval_batches = 1
+    Trainer(cfg, tmp_path / "run", progress=False).train()
+    code, out, err = run_cli(capsys, "--checkpoint", tmp_path / "run", "--data", text_file, "--json", "--no-progress")
+    assert code == 0, err
+    assert math.isfinite(json.loads(out)["rows"][0]["results"]["heldout"]["bpb"])
+
+
+def test_prepared_directory_val_split(capsys, run_dir, tmp_path):
+    """--data DIR made by `learntok prepare` scores the documents of its val split, whole."""
+    from learntok.data.shards import open_split
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i}: " + "words and more words. " * (i % 7 + 1)}) + "\n"
+                           for i in range(40)))
+    assert main(["prepare", str(src), "--out", str(tmp_path / "prep"), "--val-fraction", "0.3", "--quiet"]) == 0
+    capsys.readouterr()
+    val = open_split(tmp_path / "prep", "val")
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--data", tmp_path / "prep", "--json", "--no-progress")
+    assert code == 0, err
+    res = json.loads(out)["rows"][0]["results"]["heldout"]
+    assert res["n"] == len(val) > 1
+    assert res["extra"]["n_bytes"] == int(val.doc_lengths().sum())
+
+
+def test_report_notes_and_meta(tmp_path):
+    from learntok.eval.benchmarks import TaskResult
+    from learntok.eval.report import read_report_json, render_markdown, write_report
+
+    rows = {"m": {"piqa": TaskResult("piqa", 10, 1.5, 0.1, 0.6, 0.1)}}
+    md = render_markdown(rows, notes=["boundaries sampled (K=1, seed 0)"])
+    assert "- boundaries sampled (K=1, seed 0)" in md
+    md_path, json_path = write_report(rows, tmp_path, notes=["a note"], meta={"seed": 0, "tau": float("nan")})
+    data = json.loads(json_path.read_text())
+    assert data["meta"] == {"seed": 0, "tau": None}
+    assert "- a note" in md_path.read_text()
+    assert read_report_json(json_path)["m"]["piqa"].bpb == 1.5

@@ -1,0 +1,147 @@
+"""The lm-evaluation-harness adapter, offline: local task YAMLs over JSONL files written here.
+
+The adapter's per-request log-likelihoods must be the numbers `learntok eval` computes for the same
+items (same scorer, same content-derived seeds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from test_eval_cli import PIQA, make_run
+
+from learntok.eval.benchmarks import read_piqa
+from learntok.eval.scorer import UNetScorer
+
+DOCS = ["A short held-out document.", "Another one, " * 12 + "long enough to need several windows of 64 bytes."]
+
+
+def write_tasks(folder: Path, data: Path) -> None:
+    (data / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PIQA))
+    (data / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    # lm-eval's own piqa.yaml, pointed at the local file
+    (folder / "learntok_piqa.yaml").write_text(f"""task: learntok_piqa
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data / 'piqa.jsonl'}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{{{goal}}}}\\nAnswer:"
+doc_to_target: label
+doc_to_choice: "{{{{[sol1, sol2]}}}}"
+metric_list:
+  - metric: acc
+metadata:
+  version: 1.0
+""")
+    (folder / "learntok_rolling.yaml").write_text(f"""task: learntok_rolling
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data / 'docs.jsonl'}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: bits_per_byte
+metadata:
+  version: 1.0
+""")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm_eval")
+    (root / "tasks").mkdir()
+    write_tasks(root / "tasks", root)
+    return make_run(root / "run"), root
+
+
+def test_adapter_matches_learntok_scores(setup, monkeypatch):
+    run, root = setup
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from lm_eval.api.registry import get_model
+    from lm_eval.evaluator import evaluate
+    from lm_eval.tasks import TaskManager
+
+    import learntok.eval.lm_eval_adapter  # noqa: F401  (registers "learntok")
+
+    # what simple_evaluate does, without indexing lm-eval's thousands of built-in tasks and without its
+    # environment report (`pip list`): both take a minute on a busy 2-core machine
+    lm = get_model("learntok").create_from_arg_string(f"pretrained={run},samples=2", {"batch_size": 4})
+    manager = TaskManager(include_path=str(root / "tasks"), include_defaults=False)
+    names = ["learntok_piqa", "learntok_rolling"]
+    if hasattr(manager, "load"):
+        tasks = manager.load(names)
+    else:  # lm-eval before TaskManager.load
+        from lm_eval.tasks import get_task_dict
+
+        tasks = get_task_dict(names, manager)
+    results = evaluate(lm, tasks, log_samples=True, bootstrap_iters=0)
+    results["config"] = lm.get_model_info()
+    scorer = UNetScorer.from_run(run, samples=2)
+    # multiple choice: the requests are learntok's piqa pairs, and score the same
+    items = list(read_piqa(root / "piqa.jsonl"))
+    samples = sorted(results["samples"]["learntok_piqa"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(items)
+    for sample, item in zip(samples, items):
+        ours = scorer.score(item.pairs())
+        assert [tuple(a) for a in sample["arguments"]] == [(item.context, c) for c in item.candidates]
+        for resp, s in zip(sample["resps"], ours):
+            ll, greedy = resp[0]
+            assert math.isclose(ll, -s.nll_nats, rel_tol=1e-6, abs_tol=1e-6)
+            assert greedy == s.greedy_match
+    # rolling log-likelihood of whole documents
+    rolling = sorted(results["samples"]["learntok_rolling"], key=lambda s: s["doc_id"])
+    for sample, doc in zip(rolling, DOCS):
+        ours = scorer.score([(b"", doc.encode())])[0]
+        assert math.isclose(sample["resps"][0][0], -ours.nll_nats, rel_tol=1e-6)
+    bpb = results["results"]["learntok_rolling"]["bits_per_byte,none"]
+    total = sum(scorer.score([(b"", d.encode())])[0].nll_nats for d in DOCS)
+    assert math.isclose(bpb, total / sum(len(d.encode()) for d in DOCS) / math.log(2), rel_tol=1e-5)
+    assert results["config"]["boundary_mode"] == "sampled"
+
+
+def test_generate_until_is_greedy(setup):
+    from lm_eval.api.instance import Instance
+
+    from learntok.eval.lm_eval_adapter import LearntokLM
+
+    run, _ = setup
+    lm = LearntokLM(pretrained=str(run))
+    req = Instance("generate_until", {}, ("Question: what?\nAnswer:", {"until": ["\n"], "max_gen_toks": 5}), 0)
+    (text,) = lm.generate_until([req], disable_tqdm=True)
+    expected = lm.scorer.greedy(b"Question: what?\nAnswer:", 5, [b"\n"]).decode("utf-8", "replace").split("\n")[0]
+    assert text == expected and len(text.encode("utf-8", "replace")) <= 5 * 3
+
+
+def test_unknown_model_args_are_refused(setup):
+    from learntok.eval.lm_eval_adapter import LearntokLM
+
+    with pytest.raises(ValueError, match="unknown model_args"):
+        LearntokLM(pretrained=str(setup[0]), temperature=0.5)
+
+
+@pytest.mark.slow
+def test_command_line(setup, tmp_path):
+    """`python -m learntok.eval.lm_eval_adapter` is lm-eval's CLI with the model registered."""
+    run, root = setup
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "learntok.eval.lm_eval_adapter", "--model", "learntok", "--model_args",
+         f"pretrained={run}", "--tasks", "learntok_piqa", "--include_path", str(root / "tasks"),
+         "--output_path", str(tmp_path / "out")],
+        check=False, capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "learntok_piqa" in proc.stdout

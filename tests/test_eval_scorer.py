@@ -1,0 +1,261 @@
+"""The model scorer (learntok.eval.scorer) and held-out scoring (learntok.eval.heldout)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from learntok.eval.benchmarks import (
+    ByteScorer,
+    LambadaItem,
+    MultipleChoiceItem,
+    evaluate_lambada,
+    evaluate_multiple_choice,
+)
+from learntok.eval.heldout import evaluate_heldout
+from learntok.eval.scorer import UNetScorer, pair_seed, split_windows
+from learntok.model.unet import ByteUNet
+
+MAX_LEN = 64
+
+
+def tiny_model(**boundaries) -> ByteUNet:
+    cfg = tiny_config(**boundaries)
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    # a fresh policy sits at the target rate everywhere; spread its logits so that boundaries depend on
+    # the bytes and on the draw
+    if hasattr(model.boundaries, "proj"):
+        with torch.no_grad():
+            model.boundaries.proj.weight.normal_(0, 2.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def scorer_for(model, **kw) -> UNetScorer:
+    kw.setdefault("max_len", MAX_LEN)
+    kw.setdefault("batch_size", 4)
+    return UNetScorer(model, **kw)
+
+
+def rand_bytes(rng: random.Random, n: int) -> bytes:
+    return bytes(rng.choice(b"abcdefgh ,.") for _ in range(n))
+
+
+def close(a: float, b: float, tol: float = 1e-5) -> bool:
+    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+# --- windows -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_ctx,n_cont,max_len,overlap", [
+    (0, 10, 16, 8), (5, 11, 16, 8), (30, 10, 16, 8), (0, 16, 16, 8), (0, 17, 16, 8), (0, 100, 16, 4),
+    (7, 100, 16, 0), (3, 50, 16, 15), (40, 33, 16, 5),
+])
+def test_split_windows_cover_the_continuation_once(n_ctx, n_cont, max_len, overlap):
+    rng = random.Random(n_ctx * 1000 + n_cont)
+    ctx, cont = rand_bytes(rng, n_ctx), rand_bytes(rng, n_cont)
+    windows = split_windows(ctx, cont, max_len, overlap)
+    assert b"".join(s for _, s in windows) == cont
+    full, pos = ctx + cont, len(ctx)
+    for c, s in windows:
+        assert 0 < len(c) + len(s) <= max_len
+        assert full[pos - len(c):pos] == c  # the context part is what precedes the scored part
+        pos += len(s)
+    if n_cont <= max_len:
+        assert len(windows) == 1 and len(windows[0][0]) == min(n_ctx, max_len - n_cont)
+    else:
+        assert all(len(c) >= min(overlap, n_ctx + i) for i, (c, _) in enumerate(windows[1:], 1))
+
+
+def test_split_windows_rejects_bad_overlap():
+    with pytest.raises(ValueError):
+        split_windows(b"a", b"b", 16, 16)
+
+
+# --- consistency and batching --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sampled", "threshold", "quantile"])
+def test_continuation_score_is_difference_of_full_scores(model, mode):
+    """NLL(cont | ctx) = NLL(ctx + cont) - NLL(ctx), with the same seeded boundaries (same seed: the
+    uniforms of the shared prefix are the same, so are its boundaries)."""
+    scorer = scorer_for(model, mode=mode, tau=0.3 if mode == "quantile" else None)
+    ctx, cont = b"The quick brown fox jumps", b" over the lazy dog."
+    for seed in (1, 2, 12345):
+        part = scorer.score([(ctx, cont)], seeds=[seed])[0]
+        whole = scorer.score([(b"", ctx + cont)], seeds=[seed])[0]
+        prefix = scorer.score([(b"", ctx)], seeds=[seed])[0]
+        assert part.n_bytes == len(cont)
+        assert close(part.nll_nats, whole.nll_nats - prefix.nll_nats)
+
+
+def test_context_boundaries_are_prefix_consistent(model):
+    """Candidates of one question share the context's boundaries (seed keyed on the context)."""
+    scorer = scorer_for(model)
+    captured = []
+    hook = model.boundaries.register_forward_hook(lambda m, args, out: captured.append(out.a.clone()))
+    try:
+        ctx = b"Question: where does the sun rise?\nAnswer:"
+        for cont in (b" in the east", b" west, obviously not"):
+            scorer.score([(ctx, cont)])
+    finally:
+        hook.remove()
+    n = 1 + len(ctx)  # BOS + context positions
+    assert torch.equal(captured[0][0, :n], captured[1][0, :n])
+    assert 0 < int(captured[0][0, 1:n].sum()) < n - 1  # boundaries were actually drawn
+
+
+def _pairs(seed: int = 0):
+    rng = random.Random(seed)
+    pairs = [(rand_bytes(rng, rng.randrange(0, 50)), rand_bytes(rng, rng.randrange(1, 30))) for _ in range(9)]
+    pairs += [(b"", rand_bytes(rng, 150)), (rand_bytes(rng, 70), rand_bytes(rng, 20)), (b"x", b"y")]
+    return pairs
+
+
+@pytest.mark.parametrize("boundaries,mode", [({}, "sampled"), ({}, "quantile"), ({"name": "uniform"}, "sampled")])
+def test_batching_and_padding_do_not_change_scores(boundaries, mode):
+    model = tiny_model(**boundaries)
+    scorer = scorer_for(model, mode=mode, tau=0.0 if mode == "quantile" else None, batch_size=5)
+    pairs = _pairs()
+    alone = [scorer.score([p])[0] for p in pairs]
+    together = scorer.score(pairs)
+    shuffled = list(range(len(pairs)))
+    random.Random(1).shuffle(shuffled)
+    in_other_order = scorer.score([pairs[i] for i in shuffled])
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert close(a.nll_nats, b.nll_nats, 1e-6), (i, a, b)
+        assert a.greedy_match == b.greedy_match
+        assert close(a.nll_nats, in_other_order[shuffled.index(i)].nll_nats, 1e-6)
+
+
+def test_scores_repeat_and_depend_on_the_seed(model):
+    pairs = _pairs(3)[:6]
+    a = [s.nll_nats for s in scorer_for(model, seed=0).score(pairs)]
+    b = [s.nll_nats for s in scorer_for(model, seed=0).score(pairs)]
+    c = [s.nll_nats for s in scorer_for(model, seed=1).score(pairs)]
+    assert a == b
+    assert a != c
+
+
+def test_samples_average_draws_and_keep_each(model):
+    pairs = _pairs(4)[:5]
+    one = scorer_for(model, samples=1).score(pairs)
+    three = scorer_for(model, samples=3).score(pairs)
+    for s1, s3 in zip(one, three):
+        assert len(s3.sample_nll) == 3
+        assert close(s3.nll_nats, sum(s3.sample_nll) / 3)
+        assert close(s3.sample_nll[0], s1.nll_nats)  # draw 0 is the K = 1 draw
+        assert s3.greedy_match == (s3.greedy_votes >= 2)
+    assert any(len(set(s.sample_nll)) > 1 for s in three)
+
+
+def test_bytescorer_protocol_and_evaluate_functions(model):
+    scorer = scorer_for(model, samples=2)
+    assert isinstance(scorer, ByteScorer)
+    items = [MultipleChoiceItem(str(i), f"Question {i}: pick one\nAnswer:", [" yes", " no way", " maybe"], i % 3)
+             for i in range(4)]
+    res = evaluate_multiple_choice(items, scorer, batch_size=3, progress=False)
+    assert res.n == 4 and math.isfinite(res.bpb) and 0 <= res.acc <= 1
+    assert len(res.extra["bpb_per_sample"]) == 2 and res.extra["bpb_std_over_samples"] >= 0
+    assert len(res.extra["acc_per_sample"]) == 2
+    lam = evaluate_lambada([LambadaItem("0", "she opened the", "door")], scorer, progress=False)
+    assert lam.acc in (0.0, 1.0) and math.isfinite(lam.bpb)
+
+
+# --- length --------------------------------------------------------------------------------------
+
+
+def test_long_context_is_truncated_from_the_left(model):
+    scorer = scorer_for(model)
+    rng = random.Random(5)
+    ctx, cont = rand_bytes(rng, 200), rand_bytes(rng, 20)
+    kept = ctx[-(MAX_LEN - len(cont)):]
+    assert close(scorer.score([(ctx, cont)])[0].nll_nats, scorer.score([(kept, cont)])[0].nll_nats, 1e-6)
+
+
+def test_long_document_is_the_sum_of_its_windows(model):
+    scorer = scorer_for(model, overlap=16)
+    doc = rand_bytes(random.Random(6), 300)
+    windows = split_windows(b"", doc, MAX_LEN, 16)
+    assert len(windows) > 3
+    whole = scorer.score([(b"", doc)])[0]
+    parts = scorer.score(windows)
+    assert close(whole.nll_nats, sum(p.nll_nats for p in parts))
+    res = evaluate_heldout([doc], scorer, max_len=MAX_LEN, overlap=16, progress=False)
+    assert close(res.bpb, whole.nll_nats / len(doc) / math.log(2))
+    assert res.extra["se_unit"] == "window" and res.extra["n_windows"] == len(windows)
+    res2 = evaluate_heldout([doc, doc[:100]], scorer, max_len=MAX_LEN, overlap=16, progress=False)
+    assert res2.extra["se_unit"] == "document" and res2.n == 2
+
+
+# --- greedy match --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sampled", "quantile"])
+def test_greedy_match_agrees_with_greedy_decoding(model, mode):
+    scorer = scorer_for(model, mode=mode, tau=0.0 if mode == "quantile" else None)
+    ctx = b"abc abc abc ab"
+    out = scorer.greedy(ctx, 6)
+    assert len(out) == 6
+    assert scorer.score([(ctx, out)])[0].greedy_match is True
+    wrong = out[:-1] + bytes([(out[-1] + 1) % 256])
+    assert scorer.score([(ctx, wrong)])[0].greedy_match is False
+
+
+# --- deterministic modes -------------------------------------------------------------------------
+
+
+def test_threshold_is_degenerate_and_quantile_hits_the_target():
+    """DESIGN.md §8: a policy at rate 0.2 has every p < 0.5, so p > 0.5 draws no boundary; the
+    calibrated threshold restores the target rate."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.boundaries.proj.weight.normal_(0, 0.2)  # probabilities near the target, all below 0.5
+    text = [rand_bytes(random.Random(7), 2000)]
+    pairs = [(b"", t[:MAX_LEN]) for t in text]
+    thr = scorer_for(model, mode="threshold")
+    thr.score(pairs)
+    assert thr.boundary_rate < 0.02
+    q = scorer_for(model, mode="quantile")
+    with pytest.raises(RuntimeError):
+        q.score(pairs)
+    tau = q.calibrate(text)
+    assert abs(q.calibration["realised_rate"] - 0.2) < 0.02
+    q.score([(b"", text[0][i:i + MAX_LEN]) for i in range(0, 2000, MAX_LEN)])
+    assert abs(q.boundary_rate - 0.2) < 0.02
+    assert q.describe()["tau"] == tau
+
+
+def test_sampled_rate_is_near_target():
+    model = tiny_model()
+    with torch.no_grad():
+        model.boundaries.proj.weight.normal_(0, 0.2)
+    s = scorer_for(model)
+    s.score([(b"", rand_bytes(random.Random(8), 60)) for _ in range(20)])
+    assert 0.1 < s.boundary_rate < 0.3
+
+
+def test_modes_are_checked():
+    with pytest.raises(ValueError):
+        scorer_for(tiny_model(), mode="greedy")
+    with pytest.raises(ValueError):
+        scorer_for(tiny_model(name="random"), mode="quantile")
+    uni = scorer_for(tiny_model(name="uniform"), mode="quantile", samples=3)
+    assert uni.mode == "deterministic" and uni.samples == 1 and not uni.needs_calibration
+
+
+def test_pair_seed_keys():
+    assert pair_seed(0, 0, b"ctx", b"a") == pair_seed(0, 0, b"ctx", b"b")  # candidates share draws
+    assert pair_seed(0, 0, b"", b"doc1") != pair_seed(0, 0, b"", b"doc2")  # documents do not
+    assert pair_seed(0, 0, b"ctx", b"a") != pair_seed(0, 1, b"ctx", b"a")
+    assert pair_seed(0, 0, b"ctx", b"a") != pair_seed(1, 0, b"ctx", b"a")

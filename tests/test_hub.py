@@ -1,0 +1,174 @@
+"""The Hugging Face-style model directory: round trips, training runs, and every way loading fails."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from learntok import __version__
+from learntok.config import to_dict
+from learntok.hub import FORMAT_VERSION, ModelLoadError, default_context
+from learntok.model.unet import ByteUNet
+from learntok.train import checkpoint as ckpt_io
+
+from conftest import random_inputs, tiny_config
+
+
+def make_model(name="learned", seed=0):
+    torch.manual_seed(seed)
+    cfg = tiny_config(name=name)
+    return ByteUNet(cfg.model, cfg.boundaries).eval(), cfg
+
+
+def logits(model, seed=0):
+    with torch.no_grad():
+        return model(random_inputs(2, 40, seed=9), generator=torch.Generator().manual_seed(seed)).logits
+
+
+@pytest.mark.parametrize("name", ["learned", "uniform"])
+def test_round_trip_identical_logits(tmp_path, name):
+    model, _ = make_model(name)
+    model.save_pretrained(tmp_path / "m")
+    assert {p.name for p in (tmp_path / "m").iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    loaded = ByteUNet.from_pretrained(str(tmp_path / "m"))
+    assert not loaded.training
+    assert torch.equal(logits(model), logits(loaded))
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert meta["learntok_version"] == __version__ and meta["format_version"] == FORMAT_VERSION
+    assert meta["model"] == to_dict(model.cfg) and meta["boundaries"] == to_dict(model.boundaries.cfg)
+    assert "train" not in meta  # never known for a model built directly: not written as if it were
+    assert meta["num_parameters"] == sum(p.numel() for p in model.parameters())
+    assert set(load_file(str(tmp_path / "m" / "model.safetensors"))) == set(model.state_dict())
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: learntok") and f"{meta['num_parameters'] / 1e6:.2f}M" in card
+    assert '"d_model": 32' in card and "not recorded" in card
+
+
+def run_dir(tmp_path, model, cfg, step=7, bytes_seen=3584, val_bpb=2.5):
+    run = tmp_path / "run"
+    ckpt_io.save_checkpoint(run, step, model, None, {"bytes_seen": bytes_seen, "config": to_dict(cfg)})
+    rows = [{"step": 5, "bpb": 3.0}, {"step": step, "bpb": 2.9, "val_bpb": val_bpb, "val_boundary_rate": 0.21}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_training_run_directory(tmp_path):
+    model, cfg = make_model()
+    run = run_dir(tmp_path, model, cfg)
+    for path in (run, run / "step_000007"):
+        loaded = ByteUNet.from_pretrained(path)
+        assert torch.equal(logits(model), logits(loaded))
+    assert loaded.info.training == {"step": 7, "bytes_seen": 3584, "val_bpb": 2.5, "val_boundary_rate": 0.21}
+    assert default_context(loaded) == cfg.train.seq_len
+    # converting a run to a model directory keeps the full config and the training facts
+    loaded.save_pretrained(tmp_path / "hf")
+    meta = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert meta["train"] == to_dict(cfg.train) and meta["data"] == to_dict(cfg.data)
+    assert meta["training"]["bytes_seen"] == 3584
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "3,584" in card and "2.500" in card and "training sequence length | 64 bytes" in card
+    again = ByteUNet.from_pretrained(tmp_path / "hf")
+    assert again.info.run_known and again.info.config.train.seq_len == 64
+    assert torch.equal(logits(model), logits(again))
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model, _ = make_model()
+    model.save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+def edit_config(directory, change):
+    path = directory / "config.json"
+    meta = json.loads(path.read_text())
+    change(meta)
+    path.write_text(json.dumps(meta))
+
+
+def test_missing_and_foreign_directories(tmp_path, saved):
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        ByteUNet.from_pretrained(str(tmp_path / "nowhere" / "deeper" / "still"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="not a learntok model"):
+        ByteUNet.from_pretrained(tmp_path / "empty")
+    (saved / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: missing"):
+        ByteUNet.from_pretrained(saved)
+
+
+def test_truncated_weights(saved):
+    path = saved / "model.safetensors"
+    data = path.read_bytes()
+    for cut in (len(data) // 2, 20, 4):
+        path.write_bytes(data[:cut])
+        with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+            ByteUNet.from_pretrained(saved)
+
+
+def test_config_that_does_not_fit_the_weights(saved):
+    edit_config(saved, lambda m: m["model"].update(d_model=64))
+    with pytest.raises(ModelLoadError, match="do not match.*shape mismatch"):
+        ByteUNet.from_pretrained(saved)
+
+
+def test_config_problems(saved):
+    original = (saved / "config.json").read_text()
+    cases = [
+        (lambda m: m.update(format_version=FORMAT_VERSION + 1, learntok_version="9.0"), r"learntok 9\.0.*Upgrade"),
+        (lambda m: m.update(format_version=0), "format_version 0"),
+        (lambda m: m["model"].update(fancy_new_option=True), "written by learntok.*fancy_new_option"),
+        (lambda m: m["boundaries"].update(name="not_a_strategy"), "cannot build.*not_a_strategy"),
+        (lambda m: m.pop("boundaries"), "no boundaries section"),
+        (lambda m: (m.pop("format_version"), m.pop("model_type")), "not a learntok config"),
+    ]
+    for change, message in cases:
+        (saved / "config.json").write_text(original)
+        edit_config(saved, change)
+        with pytest.raises(ModelLoadError, match=message):
+            ByteUNet.from_pretrained(saved)
+    (saved / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        ByteUNet.from_pretrained(saved)
+
+
+def test_hub_repo_ids(monkeypatch, saved):
+    hub = pytest.importorskip("huggingface_hub")
+    calls = []
+
+    def fake_download(repo_id, **kw):
+        calls.append((repo_id, kw.get("revision")))
+        if repo_id == "someone/missing":
+            raise RuntimeError("404 Repository Not Found")
+        return str(saved)
+
+    monkeypatch.setattr(hub, "snapshot_download", fake_download)
+    model = ByteUNet.from_pretrained("someone/tiny", revision="v1")
+    assert calls == [("someone/tiny", "v1")] and model.info.source == "someone/tiny"
+    with pytest.raises(ModelLoadError, match="Hugging Face Hub failed.*404"):
+        ByteUNet.from_pretrained("someone/missing")
+
+
+def test_push_to_hub(monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+    record = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            record["token"] = token
+
+        def create_repo(self, repo_id, **kw):
+            record["repo"] = (repo_id, kw.get("private"), kw.get("exist_ok"))
+
+        def upload_folder(self, repo_id, folder_path, **kw):
+            from pathlib import Path
+            record["files"] = sorted(p.name for p in Path(folder_path).iterdir())
+            return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    model, _ = make_model()
+    url = model.push_to_hub("me/tiny", private=True, token="t")
+    assert url.endswith("me/tiny/commit/abc")
+    assert record == {"token": "t", "repo": ("me/tiny", True, True),
+                      "files": ["README.md", "config.json", "model.safetensors"]}

@@ -1,0 +1,224 @@
+"""Showing segmentations (terminal, JSON, HTML, PNG) and the segment / score / generate commands."""
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import numba
+import pytest
+import torch
+
+from learntok import display
+from learntok.cli import main
+from learntok.display import Segmentation
+from learntok.model.unet import ByteUNet
+
+from conftest import tiny_config
+
+TEXT = "Tokens: naïve café 東京!\n\tdef f(x): return x"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    t, nb = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    yield
+    torch.set_num_threads(t)
+    numba.set_num_threads(nb)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = tiny_config(name="learned", lags=1)
+    m = ByteUNet(cfg.model, cfg.boundaries).eval()
+    with torch.no_grad():  # probabilities spread over (0, 1), so colours vary
+        m.boundaries.proj.weight.normal_(std=8.0)
+    return m
+
+
+@pytest.fixture(scope="module")
+def model_dir(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    model.save_pretrained(path)
+    return path
+
+
+def hand_made() -> Segmentation:
+    data = "aé b".encode()  # bytes: a, 0xC3, 0xA9, space, b
+    return Segmentation(data, [0.1, 0.9, 0.3, 0.8, 0.2], [False, True, False, True, False])
+
+
+def test_segmentation_api():
+    seg = hand_made()
+    assert seg.tokens() == [b"a\xc3", b"\xa9 ", b"b"]
+    chars = seg.characters()
+    assert [c.char for c in chars] == ["a", "é", " ", "b"]
+    assert chars[1].prob == 0.3 and chars[1].boundary is False  # a multi-byte character takes its last byte
+    pieces = seg.pieces()
+    assert [(p.start, p.end, p.ended) for p in pieces] == [(0, 2, True), (2, 4, True), (4, 5, False)]
+    assert b"".join(p.data for p in pieces) == seg.data
+    assert str(seg) == "aé |b"  # a boundary inside a character is not shown: its last byte decides (appendix B)
+    assert "<span" in seg._repr_html_()
+
+
+def test_model_segment(model):
+    seg = model.segment(TEXT, seed=1)
+    assert seg.data == TEXT.encode() and len(seg.probs) == len(seg.boundaries) == len(seg.data)
+    assert seg == model.segment(TEXT, seed=1)
+    assert 0 < seg.boundary_rate < 1
+    assert all(0 < p < 1 for p in seg.probs)
+    # long texts are read in pieces of `context` bytes, each after its own BOS
+    pieces = display.segment(model, TEXT, seed=1, context=16)
+    assert len(pieces.probs) == len(seg.data)
+
+
+def test_terminal_rendering():
+    seg = hand_made()
+    assert display.render(seg, colour=False) == "aé |b"
+    coloured = display.render(seg, colour=True)
+    assert coloured.count("\x1b[48;2;") == 4 and coloured.count("│") == 1
+    assert display._colour(0.0)[2] > display._colour(0.0)[0]  # blue at 0
+    assert display._colour(1.0)[0] > display._colour(1.0)[2]  # red at 1
+
+
+def test_json(model):
+    out = display.to_json(model.segment(TEXT))
+    assert out["text"] == TEXT and out["n_bytes"] == len(TEXT.encode()) == len(out["bytes"]) == len(out["probs"])
+    assert len(out["characters"]) == len(TEXT)
+    assert sum(t["end"] - t["start"] for t in out["tokens"]) == out["n_bytes"]
+    assert out["n_tokens"] == len(out["tokens"]) and json.loads(json.dumps(out)) == out
+
+
+class Spans(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.spans, self.tags, self.title = [], [], None
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        attrs = dict(attrs)
+        if tag == "span" and "c" in attrs.get("class", "").split():
+            self.spans.append(attrs)
+        self._in_title = tag == "title"
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.title = data
+            self._in_title = False
+
+
+def test_html_page(model):
+    seg = model.segment(TEXT)
+    page = display.to_html(seg, title="tiny <model>")
+    parser = Spans()
+    parser.feed(page)
+    chars = seg.characters()
+    assert len(parser.spans) == len(chars)
+    ends = [s for s in parser.spans if "end" in s["class"].split()]
+    assert len(ends) == sum(c.boundary for c in chars)
+    colours = [tuple(map(int, re.search(r"background:rgb\((\d+), (\d+), (\d+)\)", s["style"]).groups()))
+               for s in parser.spans]
+    assert len(set(colours)) >= 5
+    # redder where the probability is higher
+    order = sorted(range(len(chars)), key=lambda i: chars[i].prob)
+    low, high = colours[order[0]], colours[order[-1]]
+    assert high[0] - high[2] > low[0] - low[2]
+    assert parser.title == "tiny <model>"
+    assert page.startswith("<!DOCTYPE html>") and "<style>" in page
+    assert not any(tag in ("script", "link", "img") for tag, _ in parser.tags)  # standalone
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
+                    reason="no headless Chromium")
+def test_html_renders_in_chromium(model, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image as mpimg
+
+    page = tmp_path / "seg.html"
+    page.write_text(display.to_html(model.segment(TEXT * 3)), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=900,500", page.as_uri()], capture_output=True, timeout=60)
+    img = mpimg.imread(shot)
+    assert img.shape[0] >= 400 and img.shape[1] >= 800
+    colours = {tuple((px[:3] * 255).astype(int) // 16) for px in img.reshape(-1, img.shape[-1])[::7]}
+    assert len(colours) >= 10  # coloured boxes, not a blank page
+
+
+def test_png(model, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image as mpimg
+
+    out = display.save_png(model.segment(TEXT * 4), tmp_path / "seg.png", width=40, title="tiny")
+    img = mpimg.imread(out)
+    assert img.shape[0] >= 150 and img.shape[1] >= 300
+    pixels = img.reshape(-1, img.shape[-1])[:, :3]
+    colours = {tuple((p * 255).astype(int) // 8) for p in pixels[::5]}
+    assert len(colours) >= 10
+    blueish = ((pixels[:, 2] - pixels[:, 0]) > 0.2).mean()
+    assert blueish > 0.02  # the glyph boxes are there
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+def test_segment_command(model_dir, tmp_path, capsys):
+    assert main(["segment", str(model_dir), TEXT]) == 0
+    out = capsys.readouterr().out
+    assert "|" in out and "\x1b[" not in out and "tokens" in out  # not a terminal: plain separators
+    assert main(["segment", str(model_dir), TEXT, "--json", "--seed", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["text"] == TEXT
+    src = tmp_path / "in.txt"
+    src.write_text(TEXT, encoding="utf-8")
+    args = ["segment", str(model_dir), "--file", str(src), "--html", str(tmp_path / "o.html")]
+    if _has_matplotlib():
+        args += ["--png", str(tmp_path / "o.png")]
+    assert main(args) == 0
+    assert (tmp_path / "o.html").read_text(encoding="utf-8").count('class="c') == len(TEXT)
+    assert not _has_matplotlib() or (tmp_path / "o.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="not a learntok model"):
+        main(["segment", str(tmp_path), "x"])
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_score_command(model_dir, model, tmp_path, capsys):
+    docs = [{"body": "first document"}, {"body": "zweites Dokument, länger"}]
+    jsonl = tmp_path / "docs.jsonl.gz"
+    with gzip.open(jsonl, "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps(d) + "\n" for d in docs))
+    assert main(["score", str(model_dir), "hello", "--file", str(jsonl), "--field", "body", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["bytes"] for r in rows[:-1]] == [5, len(docs[0]["body"]), len(docs[1]["body"].encode())]
+    total = rows[-1]
+    assert total["documents"] == 3 and total["bytes"] == sum(r["bytes"] for r in rows[:-1])
+    assert total["bpb"] == pytest.approx(sum(r["bits"] for r in rows[:-1]) / total["bytes"])
+    assert rows[0]["bpb"] == pytest.approx(model.score("hello"))
+    assert main(["score", str(model_dir), "hello", "world"]) == 0
+    assert "total (2 documents" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no string field 'text'"):
+        main(["score", str(model_dir), "--file", str(jsonl)])
+
+
+def test_generate_command(model_dir, capsys):
+    args = ["generate", str(model_dir), "--prompt", "Hi", "--max-bytes", "30", "--seed", "5", "--top-k", "50",
+            "--temperature", "0.8", "--ignore-eos"]
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert main(args) == 0
+    second = capsys.readouterr()
+    assert first.out == second.out and first.out.startswith("Hi")
+    assert "30 bytes" in first.err and "seed 5" in first.err

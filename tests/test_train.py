@@ -1,0 +1,331 @@
+"""The training loop you can trust: exact resume after SIGKILL, a checkpoint on SIGTERM, skipped and
+counted non-finite steps, prepared data end to end, metrics (JSON lines, TensorBoard, FLOPs)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import tiny_config
+
+from learntok.cli import main as cli_main
+from learntok.config import load_config
+from learntok.data.demo import StreamBatches, stream_eval_batches
+from learntok.train import checkpoint as ckpt_io
+from learntok.train.trainer import (
+    TIMING_FIELDS,
+    DataSources,
+    NonFiniteError,
+    Trainer,
+    read_metrics,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def memory_data(cfg) -> DataSources:
+    """Batches from an in-memory byte stream: no corpus to build, no files."""
+    rng = np.random.default_rng(0)
+    words = [b"the ", b"tokens ", b"of ", b"a ", b"byte ", b"model ", b"learn ", b"where ", b"to ", b"end. "]
+    text = b"".join(words[i] for i in rng.integers(0, len(words), 6000))
+    t = cfg.train
+    return DataSources(StreamBatches(text, t.seq_len, t.batch_size, seed=t.seed),
+                       stream_eval_batches(text, t.seq_len, t.batch_size, 1), "in-memory words")
+
+
+def tiny_trainer(run_dir, resume=False, **train) -> Trainer:
+    cfg = tiny_config()
+    cfg.train.tensorboard = False
+    cfg.train.threads = 1  # tiny matrices: one thread is faster, and a busy machine does not slow it down
+    cfg.train.training_bytes = 8 * cfg.train.batch_size * cfg.train.seq_len
+    cfg.train.warmup_bytes = 1000
+    for k, v in train.items():
+        setattr(cfg.train, k, v)
+    return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
+
+
+def make_corpus(path: Path, n_docs: int = 160) -> Path:
+    """A JSONL corpus like FineWeb's layout ({"text": ...}), documents of 20-400 bytes."""
+    rng = np.random.default_rng(1)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "tokens", "learn", "where", "bytes", "end"]
+    lines = []
+    for i in range(n_docs):
+        text = " ".join(words[j] for j in rng.integers(0, len(words), rng.integers(4, 70)))
+        lines.append(json.dumps({"id": i, "text": text.capitalize() + "."}))
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    corpus = make_corpus(root / "docs.jsonl.gz")
+    assert cli_main(["prepare", str(corpus), "--out", str(root / "data"), "--val-fraction", "0.1", "--quiet"]) == 0
+    return root / "data"
+
+
+def tiny_yaml(path: Path, data: Path, steps: int, **train) -> Path:
+    t = {"seq_len": 64, "batch_size": 4, "training_bytes": steps * 4 * 64, "warmup_bytes": 2000,
+         "log_every": 1, "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 10, "eval_batches": 1,
+         "threads": 1, "tensorboard": False}  # one thread: bit-identical across processes
+    t.update(train)
+    cfg = {"model": {"d_model": 32, "n_heads": 2, "n_down_layers": 1, "n_mid_layers": 1, "n_up_layers": 1,
+                     "window": 8},
+           "train": t, "data": {"source": str(data), "mode": "packed"}}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """Trainers set torch's thread count for the process; give the other tests theirs back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def reference_run(prepared, tmp_path_factory):
+    """An uninterrupted run of 24 steps on the prepared data, in this process."""
+    root = tmp_path_factory.mktemp("reference")
+    cfg_path = tiny_yaml(root / "tiny.yaml", prepared, steps=24)
+    threads = torch.get_num_threads()
+    try:
+        assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(root / "run"), "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = read_metrics(root / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 25))
+    return cfg_path, rows
+
+
+def start_training(cfg_path: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-m", "learntok.cli", "train", "--config", str(cfg_path), "--run-dir",
+                             str(run_dir), "--no-progress", *extra], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until(proc: subprocess.Popen, condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"training ended before the condition was met:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("timed out waiting for the training process")
+        time.sleep(0.005)
+
+
+def resume_in_process(run_dir: Path) -> int:
+    threads = torch.get_num_threads()
+    try:
+        return cli_main(["train", "--resume", str(run_dir), "--no-progress"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+# --- resume ----------------------------------------------------------------------------------------
+
+def test_sigkill_then_resume_gives_the_same_metrics_step_for_step(reference_run, tmp_path):
+    """`kill -9` at whatever point the run has reached after its third checkpoint (possibly in the middle
+    of writing one, or of a metrics line), then `--resume`: metrics.jsonl is the uninterrupted run's."""
+    cfg_path, reference = reference_run
+    run_dir = tmp_path / "run"
+    proc = start_training(cfg_path, run_dir)
+    wait_until(proc, lambda: len(ckpt_io.list_checkpoints(run_dir)) >= 2
+               and int(ckpt_io.list_checkpoints(run_dir)[-1].name[5:]) >= 6)
+    time.sleep(random.uniform(0, 0.05))  # anywhere in the next step or two; every outcome must pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = int(ckpt_io.list_checkpoints(run_dir)[-1].name[5:])
+    assert killed_at < 24, "the run finished before it could be killed"
+    assert resume_in_process(run_dir) == 0
+    assert without_timing(read_metrics(run_dir / "metrics.jsonl")) == without_timing(reference)
+    assert [p.name for p in ckpt_io.list_checkpoints(run_dir)] == ["step_000022", "step_000024"]
+
+
+def test_sigterm_saves_a_checkpoint_then_resume_matches(reference_run, tmp_path):
+    cfg_path, reference = reference_run
+    run_dir = tmp_path / "run"
+    proc = start_training(cfg_path, run_dir, "train.checkpoint_every=0")  # the signal's is the only one
+    wait_until(proc, lambda: len(read_metrics(run_dir / "metrics.jsonl")) >= 3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    saved = ckpt_io.list_checkpoints(run_dir)
+    assert len(saved) == 1
+    step = int(saved[0].name[5:])
+    assert f"stopped by signal {int(signal.SIGTERM)} at step {step}; checkpoint saved" in out
+    assert 3 <= step < 24
+    assert resume_in_process(run_dir) == 0
+    assert without_timing(read_metrics(run_dir / "metrics.jsonl")) == without_timing(reference)
+
+
+def test_resume_in_process_between_log_lines_is_exact(tmp_path):
+    """Checkpoints that fall inside a logging window carry the window's sums: the resumed run's next
+    line averages the same steps as the uninterrupted run's."""
+    ref = tiny_trainer(tmp_path / "ref", log_every=4, checkpoint_every=0, eval_every=0)
+    ref.train()
+    run = tiny_trainer(tmp_path / "run", log_every=4, checkpoint_every=3, training_bytes=5 * 4 * 64)
+    run.train()  # stops after step 5: checkpoints at 3 and 5 (the end)
+    (tmp_path / "run" / "step_000005").rename(tmp_path / "run" / "old_5")  # resume from 3, mid-window
+    resumed = tiny_trainer(tmp_path / "run", resume=True, log_every=4, checkpoint_every=3, eval_every=0)
+    assert resumed.step == 3 and resumed._window["n"] == 3
+    resumed.train()
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == \
+        without_timing(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+
+def test_a_run_directory_is_not_silently_reused(tmp_path):
+    tiny_trainer(tmp_path / "run", training_bytes=2 * 4 * 64).train()
+    with pytest.raises(ckpt_io.CheckpointError, match="--resume"):
+        tiny_trainer(tmp_path / "run")
+
+
+def test_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
+    tiny_trainer(tmp_path / "run", training_bytes=4 * 4 * 64, checkpoint_every=2, log_every=1).train()
+    (tmp_path / "run" / "step_000004").rename(tmp_path / "run" / "gone")
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "loss": 1.2')  # a half-written line
+    resumed = tiny_trainer(tmp_path / "run", resume=True, training_bytes=4 * 4 * 64, log_every=1)
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+    resumed.train()
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+# --- non-finite steps ----------------------------------------------------------------------------
+
+def poison(trainer: Trainer, bad_steps: set[int], where: str) -> None:
+    """Make the loss (where='loss') or one gradient (where='grad') NaN at the given 1-based steps."""
+    if where == "loss":
+        real_loss = trainer.model.loss
+
+        def loss(*args, **kwargs):
+            value, metrics, out = real_loss(*args, **kwargs)
+            if trainer.step + 1 in bad_steps:
+                value = value * float("nan")
+                metrics["loss"] = value.detach()
+            return value, metrics, out
+        trainer.model.loss = loss
+    else:
+        trainer.model.head.proj.weight.register_hook(
+            lambda g: g * float("nan") if trainer.step + 1 in bad_steps else g)
+
+
+@pytest.mark.parametrize("micro_batches, where", [(1, "loss"), (2, "grad")])
+def test_non_finite_steps_are_skipped_and_counted(tmp_path, micro_batches, where):
+    trainer = tiny_trainer(tmp_path / "run", micro_batches=micro_batches, max_bad_steps=3, log_every=2,
+                           training_bytes=6 * 4 * 64, checkpoint_every=0)
+    poison(trainer, {2, 3}, where)
+    before = {}
+
+    real_step = trainer.train_step
+
+    def step(batch):
+        if trainer.step + 1 == 2:
+            before.update({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+            before["adam_steps"] = float(next(iter(trainer.optimizer.state.values()))["step"])
+        out = real_step(batch)
+        if trainer.step == 3:  # after two skipped steps: nothing moved
+            assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+            assert float(next(iter(trainer.optimizer.state.values()))["step"]) == before["adam_steps"]
+        return out
+    trainer.train_step = step
+    trainer.train()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["skipped_steps"] for r in rows] == [1, 2, 2]
+    assert all(math.isfinite(r["loss"]) for r in rows)  # averages over the applied steps only
+    assert trainer.bad_in_a_row == 0 and trainer.step == 6
+
+
+def test_too_many_non_finite_steps_in_a_row_stop_the_run(tmp_path, capsys):
+    trainer = tiny_trainer(tmp_path / "run", max_bad_steps=3, training_bytes=10 * 4 * 64, checkpoint_every=0)
+    poison(trainer, {3, 4, 5, 6}, "loss")
+    with pytest.raises(NonFiniteError, match=r"3 steps in a row \(train.max_bad_steps=3"):
+        trainer.train()
+    assert trainer.step == 5
+
+
+# --- prepared data, end to end -------------------------------------------------------------------
+
+def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
+    cfg_path = tiny_yaml(tmp_path / "tiny.yaml", prepared, steps=5, checkpoint_every=5, eval_every=5)
+    run_dir = tmp_path / "run"
+    assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(run_dir), "--no-progress"]) == 0
+    first = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in first] == [1, 2, 3, 4, 5] and "val_bpb" in first[-1]
+    state = ckpt_io.read_state(ckpt_io.latest_checkpoint(run_dir))
+    assert state["data"]["position"] == 20 or state["data"]["epoch"] > 0  # 5 steps x 4 sequences
+    # another model size cannot continue this run, and says why
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "model.d_model=64"]) == 2
+    assert "model.d_model: checkpoint 32, requested 64" in capsys.readouterr().out
+    # resume with a longer schedule: continues from step 5 on the next sequences
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=2560"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming" in out and "from step_000005 (step 5)" in out
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 11)) and rows[:5] == first
+    assert load_config(None, yaml.safe_load((run_dir / "config.yaml").read_text())).train.training_bytes == 2560
+
+
+def test_missing_data_directory_says_how_to_make_one(tmp_path, capsys):
+    assert cli_main(["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "r"), "--no-progress",
+                     f"data.source={tmp_path / 'nowhere'}"]) == 2
+    assert "learntok prepare" in capsys.readouterr().out
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+def test_flops_follow_the_paper_count(tmp_path):
+    """6 FLOPs per matrix parameter per byte position (byte level) and per token slot (token level),
+    cumulative; slots are what was computed (B x the padded token length), real tokens fewer."""
+    trainer = tiny_trainer(tmp_path / "run", training_bytes=3 * 4 * 64, log_every=1, micro_batches=2)
+    slots, tokens = [], []
+    real_step = trainer.train_step
+
+    def step(batch):
+        metrics = real_step(batch)
+        slots.append(int(metrics["token_slots"]))
+        tokens.append(int(metrics["tokens"]))
+        return metrics
+    trainer.train_step = step
+    trainer.train()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    p = trainer.model.matrix_params()
+    expected = np.cumsum([6 * (p["byte"] * 4 * 64 + p["token"] * s) for s in slots])
+    assert [r["flops"] for r in rows] == [int(x) for x in expected]
+    assert all(t <= s for t, s in zip(tokens, slots))
+    assert [r["padding_fraction"] for r in rows] == pytest.approx([1 - t / s for t, s in zip(tokens, slots)])
+
+
+def test_tensorboard_events_are_written_and_purged_on_resume(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run_dir = tmp_path / "run"
+    tiny_trainer(run_dir, training_bytes=4 * 4 * 64, log_every=1, checkpoint_every=2, tensorboard=True).train()
+    (run_dir / "step_000004").rename(tmp_path / "gone")  # as if killed after step 3's events
+    tiny_trainer(run_dir, resume=True, training_bytes=4 * 4 * 64, log_every=1, tensorboard=True).train()
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("bpb")] == [1, 2, 3, 4]
+    assert [e.value for e in acc.Scalars("bpb")] == pytest.approx([r["bpb"] for r in read_metrics(run_dir / "metrics.jsonl")])
+    assert "flops" in acc.Tags()["scalars"]

@@ -1,0 +1,155 @@
+"""Gradient accumulation is exact: micro-batches give the gradient (and the metrics) of the whole batch,
+with the policy's advantages centred over the whole batch, not per micro-batch."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_inputs, tiny_config
+
+from learntok.data.batch import PAD, Batch
+from learntok.data.demo import StreamBatches, stream_eval_batches
+from learntok.model.unet import ByteUNet
+from learntok.train.accumulate import accumulate_gradients, split_rows
+from learntok.train.trainer import DataSources, Trainer
+
+RTOL = 1e-5  # float32: only the order of additions differs
+
+
+def padded_batch(rows: int = 6, seed: int = 1) -> Batch:
+    """Rows of different valid lengths and document starts, as packed data gives: micro-batches then
+    hold different numbers of bytes and of policy decisions, which a mean of micro-batch means gets wrong."""
+    seqs = random_inputs(rows, 65, seed=seed)
+    seqs[1, 40:] = PAD
+    seqs[4, 10:] = PAD
+    batch = Batch.from_sequences(seqs)
+    batch.doc_start = torch.zeros_like(batch.inputs, dtype=torch.bool)
+    batch.doc_start[2, 30] = batch.doc_start[5, 7] = True
+    return batch
+
+
+def model_for(seed: int = 0, **boundaries) -> ByteUNet:
+    cfg = tiny_config(**boundaries)
+    torch.manual_seed(seed)
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    with torch.no_grad():  # a policy that is not uniform, so its gradient is not small
+        model.boundaries.proj.weight.normal_(std=0.5) if hasattr(model.boundaries, "proj") else None
+    return model
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_close_grads(a: dict, b: dict, rtol: float = RTOL):
+    assert a.keys() == b.keys()
+    for k, value in a.items():
+        scale = float(b[k].abs().max()) + 1e-12
+        assert float((value - b[k]).abs().max()) <= rtol * scale, k
+
+
+def one_pass(model, batch, u):
+    loss, metrics, _ = model.loss(batch, uniforms=u)
+    loss.backward()
+    return grads(model), metrics
+
+
+def accumulated(model, batch, u, n, recompute=True):
+    metrics = accumulate_gradients(model, batch, n, uniforms=u, recompute_encoder=recompute)
+    return grads(model), metrics
+
+
+@pytest.mark.parametrize("centering, pieces, recompute", [
+    ("mean", 2, True), ("mean", 3, False), ("mean", 6, True),  # 6: one row per micro-batch
+    ("leave_one_out", 3, True), ("none", 2, False)])
+def test_micro_batches_give_the_whole_batch_gradient(centering, pieces, recompute):
+    batch = padded_batch()
+    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
+    ref_model = model_for(batch_centering=centering)
+    acc_model = copy.deepcopy(ref_model)
+    g_ref, m_ref = one_pass(ref_model, batch, u)
+    g_acc, m_acc = accumulated(acc_model, batch, u, pieces, recompute)
+    assert_close_grads(g_acc, g_ref)
+    # every metric over the whole batch: bpb, boundary rate, the losses, the advantages' spread
+    for key in m_ref:
+        if key == "token_slots":  # token slots are padded per micro-batch: what was computed
+            assert int(m_acc[key]) <= int(m_ref[key])
+            continue
+        assert float(m_acc[key]) == pytest.approx(float(m_ref[key]), rel=1e-5, abs=1e-7), key
+    assert set(m_acc) == set(m_ref)
+
+
+def test_per_micro_batch_centering_would_differ():
+    """The negative control: centring each micro-batch on its own (the authors' code) changes the policy
+    gradient by far more than the tolerance above, so the test above can tell."""
+    batch = padded_batch()
+    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
+    ref = model_for()
+    naive = copy.deepcopy(ref)
+    g_ref, _ = one_pass(ref, batch, u)
+    for rows, mb in split_rows(batch, 2):
+        loss, _, _ = naive.loss(mb, uniforms=u[rows])
+        (loss * mb.inputs.shape[0] / batch.inputs.shape[0]).backward()
+    w = "boundaries.proj.weight"
+    diff = float((naive.boundaries.proj.weight.grad - g_ref[w]).abs().max() / g_ref[w].abs().max())
+    assert diff > 100 * RTOL
+
+
+def test_uniform_strategy_accumulates_too():
+    batch = padded_batch()
+    ref = model_for(name="uniform")
+    acc = copy.deepcopy(ref)
+    g_ref, m_ref = one_pass(ref, batch, None)
+    g_acc, m_acc = accumulated(acc, batch, None, 3)
+    assert_close_grads(g_acc, g_ref)
+    assert float(m_acc["bpb"]) == pytest.approx(float(m_ref["bpb"]), rel=1e-6)
+
+
+def test_recompute_and_keep_agree_bitwise_on_cpu():
+    batch = padded_batch()
+    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
+    a, b = model_for(), model_for()
+    g_a, _ = accumulated(a, batch, u, 3, recompute=True)
+    g_b, _ = accumulated(b, batch, u, 3, recompute=False)
+    assert all(torch.equal(g_a[k], g_b[k]) for k in g_a)
+
+
+def memory_data(cfg) -> DataSources:
+    rng = np.random.default_rng(0)
+    words = [b"the ", b"tokens ", b"of ", b"a ", b"byte ", b"model ", b"learn ", b"where ", b"to ", b"end. "]
+    text = b"".join(words[i] for i in rng.integers(0, len(words), 6000))
+    t = cfg.train
+    return DataSources(StreamBatches(text, t.seq_len, t.batch_size, seed=t.seed),
+                       stream_eval_batches(text, t.seq_len, t.batch_size, 1), "in-memory words")
+
+
+@pytest.fixture
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_trainer_step_with_micro_batches_equals_one_batch(tmp_path, keep_threads):
+    """Through the trainer: same seeds, same data, micro_batches 1 vs 4: the same gradients (after the
+    single clipping of the step), the same update, the same metrics."""
+    trainers = []
+    for mb in (1, 4):
+        cfg = tiny_config()
+        cfg.train.batch_size, cfg.train.micro_batches, cfg.train.grad_clip = 8, mb, 0.5
+        cfg.train.tensorboard, cfg.train.threads = False, 1
+        trainers.append(Trainer(cfg, tmp_path / f"mb{mb}", progress=False, data=memory_data(cfg)))
+    metrics = [tr.train_step(tr.data.train.next_batch()) for tr in trainers]
+    one, four = trainers
+    assert float(metrics[0]["grad_norm"]) > 0.5  # the clipping was active
+    assert_close_grads(grads(four.model), grads(one.model))
+    for (name, p1), p4 in zip(one.model.named_parameters(), four.model.parameters()):
+        torch.testing.assert_close(p4, p1, rtol=1e-5, atol=1e-7, msg=name)
+    for key in ("loss", "bpb", "early_bpb", "boundary_rate", "loss_policy", "loss_target", "advantage_std",
+                "policy_entropy", "mean_prob", "grad_norm"):
+        assert float(metrics[1][key]) == pytest.approx(float(metrics[0][key]), rel=1e-5, abs=1e-7), key
+    # both consumed the same random numbers: the next step's boundaries are drawn alike too
+    assert torch.equal(one.sample_rng.get_state(), four.sample_rng.get_state())
