@@ -87,7 +87,7 @@ class Alignment:
         """Precision a boundary placement blind to whitespace would get on this text."""
         return self.whitespace / max(self.bytes, 1)
 
-    def __add__(self, other: "Alignment") -> "Alignment":
+    def __add__(self, other: Alignment) -> Alignment:
         return Alignment(self.boundaries + other.boundaries, self.bytes + other.bytes,
                          self.whitespace + other.whitespace, self.hits + other.hits)
 
@@ -122,7 +122,7 @@ class Agreement:
         p, r = self.precision, self.recall
         return 2 * p * r / (p + r) if p + r else 0.0
 
-    def __add__(self, other: "Agreement") -> "Agreement":
+    def __add__(self, other: Agreement) -> Agreement:
         return Agreement(self.boundaries + other.boundaries, self.reference + other.reference, self.hits + other.hits)
 
 
@@ -186,9 +186,9 @@ class TokenLengths:
         n = max(self.tokens, 1)
         return [c / n for c in self.counts]
 
-    def __add__(self, other: "TokenLengths") -> "TokenLengths":
+    def __add__(self, other: TokenLengths) -> TokenLengths:
         n = max(len(self.counts), len(other.counts))
-        pad = lambda c: c + [0] * (n - len(c))  # noqa: E731
+        pad = lambda c: c + [0] * (n - len(c))
         return TokenLengths([x + y for x, y in zip(pad(self.counts), pad(other.counts))], self.total_bytes + other.total_bytes)
 
 

@@ -336,7 +336,7 @@ def aggregate(results: list[RunResult]) -> list[dict]:
         if not ok:
             rows.append({"strategy": name, "status": runs[0].status, "message": runs[0].message})
             continue
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        mean = lambda xs: sum(xs) / len(xs)
         bpbs = [r.bpb for r in ok]
         spread = (sum((b - mean(bpbs)) ** 2 for b in bpbs) / (len(bpbs) - 1)) ** 0.5 if len(bpbs) > 1 else None
         summary = {k: mean([r.analysis["summary"].get(k, float("nan")) for r in ok]) for k in ok[0].analysis["summary"]}
@@ -406,10 +406,13 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
 
 
 def write_segmentation_png(segs: list[tuple[str, object]], path: Path, width: int = 100) -> Path | None:
-    """Every strategy's segmentation of the paragraph, one panel each (display.save_png), stacked."""
+    """Every strategy's segmentation of the paragraph, one panel each (`display.save_png`), in a grid of
+    one or two columns, saved with a 64-colour palette (a few hundred KB at most)."""
     try:
         import numpy as np
         from matplotlib import image as mpimg
+        from PIL import Image
+
         from .display import save_png
     except ImportError:
         return None
@@ -424,17 +427,40 @@ def write_segmentation_png(segs: list[tuple[str, object]], path: Path, width: in
         tmp.unlink(missing_ok=True)
     if not panels:
         return None
-    w = max(p.shape[1] for p in panels)
-    padded = [np.concatenate([p, np.ones((p.shape[0], w - p.shape[1], 3), p.dtype)], axis=1) for p in panels]
-    sep = np.full((3, w, 3), 0.75, dtype=padded[0].dtype)
-    stacked = np.concatenate([x for p in padded for x in (p, sep)][:-1], axis=0)
-    mpimg.imsave(path, stacked, format="png")
+    h, w = max(p.shape[0] for p in panels), max(p.shape[1] for p in panels)
+    cols = 2 if len(panels) > 1 and 2 * w <= 1600 else 1
+    grid = np.ones((-(-len(panels) // cols) * (h + 4), cols * (w + 4), 3), dtype=np.float32)
+    for k, p in enumerate(panels):
+        r, c = divmod(k, cols)
+        grid[r * (h + 4): r * (h + 4) + p.shape[0], c * (w + 4): c * (w + 4) + p.shape[1]] = p
+    image = Image.fromarray((grid * 255).round().astype(np.uint8)).quantize(colors=64)
+    image.save(path, format="PNG", optimize=True)
     return path
 
 
-def segmentation_html(segs: list[tuple[str, object]], title: str) -> str:
-    from .display import html_fragment
+def html_fragment(seg) -> str:
+    """The coloured text of a segmentation, compact: one class per probability decile instead of inline
+    styles (display.html_fragment's look, at a fifth of the size for many panels)."""
+    from .display import _shown
 
+    out = []
+    for c in seg.characters():
+        level = round(min(max(c.prob, 0.0), 1.0) * 10)
+        shown = html.escape("".join(_shown(ch) for ch in c.char))
+        out.append(f'<span class="p{level}{" e" if c.boundary else ""}">{shown}</span>' + ("\n" if c.char == "\n" else ""))
+    return f'<div class="seg">{"".join(out)}</div>'
+
+
+def _segmentation_css() -> str:
+    from .display import _colour, _ink
+
+    rules = [f".p{k} {{ background: rgb{_colour(k / 10)}; color: rgb{_ink(_colour(k / 10))}; }}" for k in range(11)]
+    return ("\n".join(rules) + "\n.e { box-shadow: inset -2px 0 0 #111; }\n"
+            ".seg { font-family: 'DejaVu Sans Mono', Menlo, Consolas, monospace; white-space: pre-wrap; "
+            "line-height: 1.9; word-break: break-all; }")
+
+
+def segmentation_html(segs: list[tuple[str, object]], title: str) -> str:
     parts = []
     for name, seg in segs:
         rate = sum(seg.boundaries) / max(len(seg.boundaries), 1)
@@ -443,7 +469,8 @@ def segmentation_html(segs: list[tuple[str, object]], title: str) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body {{ font-family: system-ui, sans-serif; max-width: 64em; margin: 2em auto; padding: 0 1em; color: #222; }}
-h2 {{ font-size: 1.05em; margin: 1.4em 0 0.3em; }} small {{ color: #666; font-weight: normal; }}</style></head>
+h2 {{ font-size: 1.05em; margin: 1.4em 0 0.3em; }} small {{ color: #666; font-weight: normal; }}
+{_segmentation_css()}</style></head>
 <body><h1>{html.escape(title)}</h1>
 <p>Each character is coloured by the boundary probability at its last byte (blue low, red high; deterministic
 strategies show 0 or 1); a dark bar on its right: a token ends there. Stochastic strategies are drawn with seed 0.
@@ -455,7 +482,7 @@ BPE: the tokenizer's boundaries shifted right by one byte, as the <code>bpe</cod
 
 def machine_description() -> str:
     return (f"{platform.node() or 'unknown host'}: {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs visible, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+            f"{os.cpu_count()} CPUs visible, torch {torch.__version__}, "
             f"Python {platform.python_version()}")
 
 
@@ -470,31 +497,35 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     seg_png = write_segmentation_png(segs, out / "segmentation.png")
     (out / "segmentation.html").write_text(segmentation_html(segs, f"The same held-out paragraph, segmented by each "
                                                                    f"strategy ({corpus})"))
-    (out / "command.txt").write_text(f"{settings.command}\n# started {started.isoformat(timespec='seconds')}, "
-                                     f"took {seconds / 60:.1f} min on {machine_description()}\n")
+    (out / "command.txt").write_text(f"{settings.command}\n# report written {started.isoformat(timespec='seconds')} "
+                                     f"on {machine_description()}; training and evaluation summed over the runs "
+                                     f"{sum(r.wall_s for r in results) / 60:.1f} min, this invocation "
+                                     f"{seconds / 60:.1f} min (finished runs are reused)\n")
     first_ok = next((r for r in results if r.status == "ok"), None)
     ws_share = first_ok.analysis["summary"]["whitespace_share"] if first_ok else float("nan")
     table = table_markdown(rows, settings.flops)
+    held_out = (f"{first_ok.analysis.get('heldout_sequences')} held-out sequences "
+                f"({first_ok.analysis.get('heldout_bytes')} predicted bytes)") if first_ok else "held-out sequences"
+    spread = f"; ± is the standard deviation over {settings.seeds} seeds." if settings.seeds > 1 else "; one seed."
     notes = [
-        f"Budget: {settings.flops:.4g} training FLOPs per run (paper §4.2 accounting); each run re-plans its "
-        f"training bytes so that its cosine schedule ends at the budget (see `learntok/compare.py`).",
-        f"Held-out bpb: the trainer's `evaluate` on the same {first_ok and first_ok.analysis.get('heldout_sequences')} "
-        f"held-out sequences ({first_ok and first_ok.analysis.get('heldout_bytes')} predicted bytes) for every strategy, boundaries sampled ({settings.eval_samples} seeded draws for stochastic "
-        f"strategies, 1 for deterministic ones)" + (f"; ± is the standard deviation over {settings.seeds} seeds."
-                                                    if settings.seeds > 1 else "; one seed."),
-        f"Boundary measures on the same held-out batches, forced boundaries (BOS, document starts) excluded. "
-        f"Whitespace is {ws_share:.3f} of these bytes: the whitespace precision of placement blind to it.",
-        f"F1 vs BPE: boundary positions against {reference.description}. BPE merges inside a word depend on "
-        f"later bytes, so the `bpe` strategy sees some of the future (paper §4.3, appendix D.1).",
-        "F1 vs words: against the first space-like byte after each word (SpaceByte's rule; the `whitespace` "
-        "strategy is that rule).",
-        "Enrichment B (SOMBRERO, arXiv 2601.22805): P(top-20% next-byte surprisal | boundary) / P(top-20%), "
-        "surprisal from each model's early-exit head; 1 = blind to surprisal (`learntok/analysis.py`).",
+        (f"Budget: {settings.flops:.4g} training FLOPs per run (paper §4.2 accounting); each run re-plans its "
+         f"training bytes so that its cosine schedule ends at the budget (see `learntok/compare.py`)."),
+        (f"Held-out bpb: the trainer's `evaluate` on the same {held_out} for every strategy, boundaries sampled "
+         f"({settings.eval_samples} seeded draws for stochastic strategies, 1 for deterministic ones){spread}"),
+        (f"Boundary measures on the same held-out batches, forced boundaries (BOS, document starts) excluded. "
+         f"Whitespace is {ws_share:.3f} of these bytes: the whitespace precision of placement blind to it."),
+        (f"F1 vs BPE: boundary positions against {reference.description}. BPE merges inside a word depend on "
+         f"later bytes, so the `bpe` strategy sees some of the future (paper §4.3, appendix D.1)."),
+        ("F1 vs words: against the first space-like byte after each word (SpaceByte's rule; the `whitespace` "
+         "strategy is that rule)."),
+        ("Enrichment B (SOMBRERO, arXiv 2601.22805): P(top-20% next-byte surprisal | boundary) / P(top-20%), "
+         "surprisal from each model's early-exit head; 1 = blind to surprisal (`learntok/analysis.py`)."),
     ]
-    text = "\n".join([f"# Boundary strategies at matched training FLOPs: {corpus}", "",
-                      f"`{settings.command}`", "",
-                      f"Run {started.strftime('%Y-%m-%d')} on {machine_description()}; {seconds / 60:.1f} minutes "
-                      f"in all.", "", table, "", *[f"- {n}" for n in notes], ""])
+    run_line = (f"Run {started.strftime('%Y-%m-%d')} on {machine_description()}; training and evaluation took "
+                f"{sum(r.wall_s for r in results) / 60:.1f} minutes summed over the runs (this invocation: "
+                f"{seconds / 60:.1f} minutes; finished runs are reused).")
+    text = "\n".join([f"# Boundary strategies at matched training FLOPs: {corpus}", "", f"`{settings.command}`", "",
+                      run_line, "", table, "", *[f"- {n}" for n in notes], ""])
     (out / "table.md").write_text(text)
     payload = {"command": settings.command, "started": started.isoformat(timespec="seconds"), "seconds": seconds,
                "machine": machine_description(), "settings": {**asdict(settings), "out": str(settings.out)},

@@ -8,13 +8,22 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 
-from learntok.analysis import (Agreement, Alignment, TokenLengths, analyse, boundary_agreement, boundary_enrichment,
-                               bpe_boundaries, token_lengths, whitespace_alignment, word_boundaries)
+from learntok.analysis import (
+    Agreement,
+    Alignment,
+    TokenLengths,
+    analyse,
+    boundary_agreement,
+    boundary_enrichment,
+    bpe_boundaries,
+    token_lengths,
+    whitespace_alignment,
+    word_boundaries,
+)
 from learntok.data.batch import BOS, PAD, Batch
 from learntok.model.unet import ByteUNet
-
-from conftest import tiny_config
 
 
 def row(text: bytes, marks: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +109,7 @@ def test_bpe_boundaries_with_the_real_tokenizer():
     x = torch.tensor([[BOS, *docs[1][:40]]])
     b = bpe_boundaries(x, seg)
     ends = seg.token_ends([docs[1][:40]])[0]
-    assert b[0, 0] == False  # noqa: E712  (BOS is not a BPE boundary; it is forced anyway)
+    assert b[0, 0] == False
     assert sorted(torch.nonzero(b[0]).flatten().tolist()) == sorted(1 + e for e in ends if e < 40)
 
 

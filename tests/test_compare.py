@@ -35,7 +35,7 @@ def prepared(tmp_path_factory) -> Path:
     pytest.importorskip("tokenizers")
     root = tmp_path_factory.mktemp("compare")
     rng = np.random.default_rng(1)
-    words = "the quick brown fox jumps over a lazy dog while tokens learn where bytes end".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "tokens", "learn", "where", "bytes", "end"]
     lines = [json.dumps({"text": " ".join(words[j] for j in rng.integers(0, len(words), rng.integers(4, 70))) + "."})
              for _ in range(120)]
     (root / "docs.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
