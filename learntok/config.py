@@ -35,6 +35,7 @@ class ModelConfig:
     final_softcap: float | None = 30.0  # Gemma 2 final-logit softcap; None disables it
     rope_theta: float = 10000.0  # RoPE base; positions are integer byte positions at both levels
     token_multiple: int = 8  # pad the token dimension to a multiple of this (fewer distinct shapes)
+    attention: str = "blocked"  # attention kernel: blocked (plain PyTorch) | flex (FlexAttention; for CUDA, not yet measured there)
     init_std: float = 0.02  # std of the normal initialisation of linear layers
 
 
@@ -91,7 +92,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     grad_clip: float = 1.0  # max global grad norm, applied once per optimizer step; 0 disables clipping
-    max_bad_steps: int = 5  # stop after this many steps in a row with a non-finite loss or gradient
+    max_bad_steps: int = 5  # stop (at the next log line) after this many steps in a row with a non-finite loss or gradient
     seed: int = 0
     log_every: int = 10  # steps between metric lines (metrics.jsonl, averaged over the steps since the last)
     tensorboard: bool = True  # also write TensorBoard events to RUN_DIR/tensorboard, if tensorboard is installed
@@ -300,6 +301,8 @@ def validate(cfg: RunConfig) -> None:
     m, b, t = cfg.model, cfg.boundaries, cfg.train
     if m.d_model % m.n_heads or (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.d_model={m.d_model} must split into n_heads={m.n_heads} heads of even size")
+    if m.attention not in ("blocked", "flex"):
+        raise ConfigError(f"model.attention={m.attention!r}: use blocked or flex")
     if not 0.0 < b.target_rate < 1.0:
         raise ConfigError(f"boundaries.target_rate={b.target_rate} must lie strictly between 0 and 1")
     if b.lags < 0:

@@ -5,23 +5,48 @@ import math
 import pytest
 import torch
 
+from learntok.kernels import scan as scan_module
 from learntok.kernels.scan import scan_boundaries, scan_reference, thresholds_from_uniforms
 from learntok.model.layers import softcap
 
 
-@pytest.mark.parametrize("w", [0, 1, 2, 8])
-def test_compiled_scan_equals_reference_bit_for_bit(w):
+def scan_problem(w, B=6, T=300):
     g = torch.Generator().manual_seed(w)
-    B, T = 6, 300
     base = torch.randn(B, T, generator=g) - 1.4
     lag = torch.randn(B, T, w, generator=g)
     threshold = thresholds_from_uniforms(torch.rand(B, T, generator=g), cap=10.0)
     threshold[:, 0] = -math.inf  # forced boundary
-    threshold[1, 250:] = math.inf  # padding
+    threshold[1, T - 50:] = math.inf  # padding
+    return base, lag, threshold
+
+
+@pytest.mark.parametrize("w", [0, 1, 2, 8])
+def test_compiled_scan_equals_reference_bit_for_bit(w):
+    base, lag, threshold = scan_problem(w)
     fast = scan_boundaries(base, lag, threshold)
     ref = scan_reference(base, lag, threshold)
     assert torch.equal(fast, ref)
     assert fast[:, 0].all() and not fast[1, 250:].any()
+
+
+@pytest.mark.parametrize("w", [1, 3, 8])
+def test_triton_scan_equals_reference_bit_for_bit(w, monkeypatch):
+    """The GPU kernel, run by Triton's interpreter on the CPU: the same decisions as the reference,
+    with rows split across programs unevenly (5 rows, 2 per program)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    base, lag, threshold = scan_problem(w, B=5, T=120)
+    fast = scan_module.scan_triton(base, lag, threshold, block_rows=2)
+    ref = scan_reference(base, lag, threshold)
+    assert fast.dtype == torch.bool and torch.equal(fast, ref)
+    assert 0 < ref.float().mean() < 0.9  # the problem has both decisions
+
+
+def test_scan_traces_under_torch_compile():
+    """The scan is a custom op, so a compiled function calls it as one opaque node (fullgraph: no break)."""
+    base, lag, threshold = scan_problem(8)
+    compiled = torch.compile(lambda b, l, t: scan_boundaries(b * 1.0, l, t), fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(base, lag, threshold), scan_reference(base, lag, threshold))
 
 
 def test_scan_uses_executed_history():

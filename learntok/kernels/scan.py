@@ -14,7 +14,11 @@ ones (padding) +inf: the scan sees the executed history, not a sampled value tha
 (a pitfall of the authors' code, DESIGN.md §5).
 
 On CPU the scan is a numba-compiled loop, parallel over the batch (B=128, N=4096, w=8 in a few ms on
-2 cores, against ~200 ms for a Python loop). `scan_reference` is the plain version kept for tests.
+2 cores, against ~200 ms for a Python loop). On a GPU it is a Triton kernel, one lane per row, doing the
+same additions in the same order (adding 0.0 for an absent lag is exact), so it equals the reference bit
+for bit too; the tests run it in Triton's CPU interpreter. `scan_reference` is the plain version kept
+for tests. `scan_boundaries` is registered as the custom op `learntok::boundary_scan`, so that
+torch.compile treats the scan as one opaque call instead of failing to trace numba or Triton launches.
 """
 
 from __future__ import annotations
@@ -83,6 +87,48 @@ def _scan_numba_impl(base, lag, thr, a):  # pragma: no cover - compiled
 
 
 _compiled = None
+_triton_kernels: dict = {}  # built lazily: Triton decides at definition time whether to interpret
+
+
+def _triton_kernel():
+    import triton
+    import triton.language as tl
+
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if interpret in _triton_kernels:
+        return _triton_kernels[interpret]
+
+    @triton.jit
+    def boundary_scan_kernel(base_ptr, lag_ptr, thr_ptr, out_ptr, B, T,
+                             W: tl.constexpr, HISTORY_MASK: tl.constexpr, BLOCK_B: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+        live = rows < B
+        row_start = rows.to(tl.int64) * T
+        history = rows.to(tl.int64) * 0  # bit j-1 holds a_{i-j}, as in the numba scan
+        for i in range(T):
+            at = row_start + i
+            acc = tl.load(base_ptr + at, mask=live, other=0.0)
+            for j in tl.static_range(W):
+                lag_j = tl.load(lag_ptr + at * W + j, mask=live, other=0.0)
+                acc = acc + tl.where(((history >> j) & 1) != 0, lag_j, 0.0)
+            decision = acc > tl.load(thr_ptr + at, mask=live, other=float("inf"))
+            tl.store(out_ptr + at, decision.to(tl.int8), mask=live)
+            history = ((history << 1) | decision.to(tl.int64)) & HISTORY_MASK
+
+    _triton_kernels[interpret] = boundary_scan_kernel
+    return boundary_scan_kernel
+
+
+def scan_triton(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor, block_rows: int = 32) -> torch.Tensor:
+    """The scan as a Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Same contract
+    as `scan_reference`."""
+    B, T = base.shape
+    w = lag.shape[-1]
+    out = torch.empty((B, T), dtype=torch.int8, device=base.device)
+    grid = (-(-B // block_rows),)
+    _triton_kernel()[grid](base.float().contiguous(), lag.float().contiguous(), threshold.float().contiguous(), out,
+                           B, T, W=w, HISTORY_MASK=(1 << w) - 1, BLOCK_B=block_rows)
+    return out.bool()
 
 
 def _get_compiled():
@@ -95,16 +141,28 @@ def _get_compiled():
 
 
 def scan_boundaries(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """Sample boundaries sequentially. Inputs as in `scan_reference` on any device (the scan runs on the
-    CPU); returns a bool (B, T) tensor on the inputs' device."""
-    device = base.device
+    """Sample boundaries sequentially. Inputs as in `scan_reference` on any device (Triton on CUDA, numba
+    elsewhere); returns a bool (B, T) tensor on the inputs' device."""
     if lag.shape[-1] == 0:  # w = 0: the decisions are independent
         return base > threshold
     if lag.shape[-1] > 62:
         raise ValueError(f"at most 62 lags are supported by the bit-register scan, got {lag.shape[-1]}")
+    return torch.ops.learntok.boundary_scan(base.detach().float(), lag.detach().float(), threshold.detach().float())
+
+
+@torch.library.custom_op("learntok::boundary_scan", mutates_args=())
+def _boundary_scan(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    device = base.device
+    if device.type == "cuda":
+        return scan_triton(base, lag, threshold)
     base_np = base.detach().float().cpu().contiguous().numpy()
     lag_np = lag.detach().float().cpu().contiguous().numpy()
     thr_np = threshold.detach().float().cpu().contiguous().numpy()
     a = np.empty(base_np.shape, dtype=np.bool_)
     _get_compiled()(base_np, lag_np, thr_np, a)
     return torch.from_numpy(a).to(device)
+
+
+@_boundary_scan.register_fake
+def _(base, lag, threshold):
+    return torch.empty(base.shape, dtype=torch.bool, device=base.device)

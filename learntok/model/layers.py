@@ -1,10 +1,14 @@
 """Gemma-2-style transformer blocks: RMSNorm before and after attention and MLP, GeGLU, RoPE with
 integer positions, attention-logit softcap. Two attention patterns: a sliding window over bytes and
-full causal attention over tokens."""
+full causal attention over tokens, each with two kernels: `blocked` (plain PyTorch; the sliding window
+in blocks of W queries against 2W keys) and `flex` (FlexAttention: the softcap as a score modification,
+the pattern as a block mask; compiled on CUDA). Both follow one window convention: query q sees keys
+q - W < k <= q."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +101,47 @@ def sliding_window_attention(q, k, v, window: int, cap: float | None) -> torch.T
     return out.reshape(B, H, n_blocks * W, hd)[:, :, :T]
 
 
+_FLEX_BLOCK_MASKS: dict[tuple, object] = {}
+_compiled_flex = None
+
+
+def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tensor:
+    """Sliding-window (`window` keys) or full (`window` None) causal attention over (B, H, T, hd) through
+    FlexAttention. Key blocks that are wholly masked are skipped, so the window costs O(T * W). Compiled
+    on CUDA (the block masks are cached per length; the token level sees few lengths, multiples of
+    `model.token_multiple`); on a CPU it runs FlexAttention's unfused reference, for tests."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    T = q.shape[2]
+    key = (window, T, str(q.device))
+    if key not in _FLEX_BLOCK_MASKS:
+        if window is None:
+            def mask_mod(b, h, q_idx, kv_idx):
+                return kv_idx <= q_idx
+        else:
+            def mask_mod(b, h, q_idx, kv_idx):
+                return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score if cap is None else cap * torch.tanh(score / cap)
+
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex, dynamic=False)
+        run = _compiled_flex
+    else:
+        run = flex
+    with warnings.catch_warnings():  # "called without torch.compile": intended on a CPU
+        warnings.simplefilter("ignore", UserWarning)
+        return run(q, k, v, score_mod=score_mod, block_mask=_FLEX_BLOCK_MASKS[key])
+
+
+ATTENTION_KERNELS = ("blocked", "flex")
+
+
 def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
     """Full causal attention over (B, H, T, hd). Padding sits at the end of each row, so the causal
     mask alone keeps real positions from seeing it."""
@@ -138,6 +183,7 @@ class Attention(nn.Module):
         self.head_dim = d_model // n_heads
         self.window = window  # None: full causal attention
         self.cap = cap
+        self.kernel = "blocked"  # or "flex" (see the module docstring); set for the model by ByteUNet
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
 
@@ -153,7 +199,9 @@ class Attention(nn.Module):
     def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """This layer's attention pattern over (B, H, T, hd), then the output projection -> (B, T, C)."""
         B, H, T, hd = q.shape
-        if self.window is None:
+        if self.kernel == "flex":
+            y = flex_attention(q, k, v, self.window, self.cap)
+        elif self.window is None:
             y = causal_attention(q, k, v, self.cap)
         else:
             y = sliding_window_attention(q, k, v, self.window, self.cap)

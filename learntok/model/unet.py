@@ -30,7 +30,7 @@ from ..config import BoundaryConfig, ModelConfig
 from ..data.batch import PAD, VOCAB_SIZE, Batch
 from ..objectives import LN2, masked_mean
 from . import resample
-from .layers import RMSNorm, Stack, StackCache, softcap
+from .layers import Attention, RMSNorm, Stack, StackCache, softcap
 
 
 @dataclass
@@ -96,6 +96,9 @@ class ByteUNet(nn.Module):
         self.decoder = stack(cfg.n_up_layers, cfg.byte_mlp_mult, cfg.window)
         self.head = Head(d, cfg.final_softcap)
         self.early_head = Head(d, cfg.final_softcap)
+        for module in self.modules():  # the boundary strategy's own blocks included (entropy model)
+            if isinstance(module, Attention):
+                module.kernel = cfg.attention
         self.reset_parameters()
 
     @torch.no_grad()

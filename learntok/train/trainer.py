@@ -1,6 +1,9 @@
 """The training loop: AdamW, warmup then cosine in bytes, gradient accumulation, one gradient clipping
 per optimizer step, skipped non-finite steps, JSON-lines (and TensorBoard) metrics, atomic checkpoints
-and exact resume. Deterministic on CPU for a given seed: a run killed at any point and resumed writes the
+and exact resume. The step does not wait for the device: whether a step's loss and gradients are finite is
+decided on the device (fused AdamW skips a flagged update inside its kernel), metrics are summed on the
+device, and the host reads them, the skip counts and (with several ranks) the stop requests at log lines
+only. Deterministic on CPU for a given seed: a run killed at any point and resumed writes the
 same metrics, step for step, as one that was never interrupted (timings aside).
 
 Randomness has three independent, checkpointed sources: the model initialisation (torch's global
@@ -225,21 +228,25 @@ class Trainer:
         if t.batch_size % (world * t.micro_batches):
             raise ValueError(f"train.batch_size={t.batch_size} must split into {world} ranks x "
                              f"train.micro_batches={t.micro_batches} micro-batches")
+        if cfg.model.attention == "flex" and self.device.type == "cpu":
+            raise ValueError("model.attention=flex cannot train on a CPU (FlexAttention has no backward there); "
+                             "use model.attention=blocked")
         if t.precision == "bf16" and self.device.type == "cpu":
             warnings.warn("train.precision=bf16 on a CPU: bf16 autocast is about 10x slower there than fp32", stacklevel=2)
         # the same initialisation on every rank (same seed); FSDP then keeps each rank's shards
         self.model = parallelize(build_model(cfg).to(self.device), cfg, self.dist)
+        # fused: one kernel per step, and `found_inf` lets it skip a non-finite step without a host sync
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2),
-                                           weight_decay=t.weight_decay)
+                                           weight_decay=t.weight_decay, fused=True)
         # `data`, when given, is this rank's (its share of the global batch)
         self.data = data or make_data(rank_config(cfg, world), self.dist.rank, world)
-        self._stop_elsewhere = self._time_up = False  # another rank's signal; this rank's time limit
         self.sample_rng = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.step = 0
         self.bytes_seen = 0
         self.flops = 0
-        self.bad_in_a_row = 0  # consecutive skipped steps
-        self.bad_total = 0  # skipped steps over the whole run
+        self._pending_slots = torch.zeros((), dtype=torch.float64, device=self.device)  # see `_settle_flops`
+        # skipped steps, counted on the device: in a row now, the longest run since the last check, in all
+        self._bad = torch.zeros(3, dtype=torch.long, device=self.device)
         self.bytes_per_step = t.batch_size * t.seq_len
         self.total_steps = max(1, math.ceil(t.training_bytes / self.bytes_per_step))
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -278,13 +285,40 @@ class Trainer:
 
     # --- checkpoints -----------------------------------------------------------------------------
 
+    @property
+    def bad_in_a_row(self) -> int:
+        """Steps in a row, up to now, skipped for a non-finite loss or gradient (a host read)."""
+        return int(self._bad[0])
+
+    @property
+    def bad_total(self) -> int:
+        return int(self._bad[2])
+
+    def _settle_flops(self) -> None:
+        """Add the token slots summed over ranks since the last call to `flops` (with several ranks each
+        rank knows only its own slots until a reduction; they are reduced at log lines and checkpoints)."""
+        if self.dist.enabled:
+            self.dist.all_reduce(self._pending_slots)
+            self.flops += self.model.flops(0, int(self._pending_slots))
+            self._pending_slots.zero_()
+
+    def _check_bad_steps(self) -> None:
+        worst = int(self._bad[1])
+        self._bad[1] = self._bad[0]
+        if worst >= self.cfg.train.max_bad_steps:
+            raise NonFiniteError(
+                f"step {self.step}: non-finite loss or gradients in {worst} steps in a row "
+                f"(train.max_bad_steps={self.cfg.train.max_bad_steps}; checked at log lines); stopping. The last "
+                f"checkpoint precedes them: lower train.lr, check the data, or raise train.max_bad_steps")
+
     def _state(self) -> dict:
+        self._settle_flops()
         return {"bytes_seen": self.bytes_seen, "flops": self.flops, "bad_in_a_row": self.bad_in_a_row,
                 "bad_total": self.bad_total, "config": to_dict(self.cfg), "data": self.data.train.state_dict(),
                 "sample_rng": ckpt_io.rng_to_json(self.sample_rng),
                 "torch_rng": ckpt_io.rng_to_json(torch.default_generator),
                 # float32 sums as Python floats: exact, so a resumed run's next log line is the same
-                "window": {"n": self._window["n"], "sums": {k: float(v) for k, v in self._window_sums().items()}}}
+                "window": {"n": int(self._window["n"]), "sums": {k: float(v) for k, v in self._window_sums().items()}}}
 
     def _window_sums(self) -> dict[str, torch.Tensor]:
         """The metric sums since the last log line, over all ranks (a collective with several ranks)."""
@@ -325,7 +359,8 @@ class Trainer:
         ckpt = ckpt_io.latest_checkpoint(self.run_dir)
         state = ckpt_io.read_state(ckpt)
         diffs = ckpt_io.config_differences(state.get("config", {}), to_dict(self.cfg))
-        fatal = [d for d in diffs if d[0].startswith("model.") or d[0] == "boundaries.name"]
+        # a different model is refused; the attention kernel computes the same model
+        fatal = [d for d in diffs if (d[0].startswith("model.") and d[0] != "model.attention") or d[0] == "boundaries.name"]
         if fatal:
             detail = "; ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, a, b in fatal)
             raise ckpt_io.CheckpointError(f"{ckpt} was written by another model ({detail})")
@@ -339,14 +374,16 @@ class Trainer:
             load_full_state(self.model, self.optimizer, weights, optimizer_state, self.dist)
         except (KeyError, ValueError) as e:
             raise ckpt_io.CheckpointError(f"{ckpt}: optimizer state does not fit this model: {e}") from None
+        for group in self.optimizer.param_groups:  # checkpoints of unfused optimizers: the skip needs fused
+            group.update(fused=True, foreach=None)
         try:
             self.data.train.load_state_dict(state["data"])
         except (KeyError, ValueError) as e:
             raise ckpt_io.CheckpointError(f"{ckpt}: cannot continue its data stream: {e}") from None
         self.step = state["step"]
         self.bytes_seen, self.flops = state["bytes_seen"], state["flops"]
-        self.bad_in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
-        self.bad_total = state.get("bad_total", self.bad_in_a_row)
+        in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
+        self._bad = torch.tensor([in_a_row, in_a_row, state.get("bad_total", in_a_row)], device=self.device)
         window = state.get("window", {"n": 0, "sums": {}})
         # sums over all ranks: rank 0 holds them (summed again at the next log line), the others zeros,
         # except the metrics that are the same on every rank
@@ -375,7 +412,8 @@ class Trainer:
 
     def _log(self, seconds: float, extra: dict | None = None) -> dict:
         """Write a metrics line (rank 0; with several ranks every rank must call it: the sums are reduced)."""
-        sums, n = self._window_sums(), self._window["n"]
+        self._settle_flops()
+        sums, n = self._window_sums(), int(self._window["n"])
         sums = {k: v.cpu() for k, v in sums.items()}  # one copy to the host per log line
         row = {"step": self.step, "bytes": self.bytes_seen, "flops": self.flops}
         if n:
@@ -414,15 +452,15 @@ class Trainer:
         self.dist.all_reduce(counts)
         return {"rows": batch.inputs.shape[0] * self.dist.world_size, "valid": counts[0], "real": counts[1]}
 
-    def train_step(self, batch: Batch) -> dict | None:
+    def train_step(self, batch: Batch) -> dict:
         """One optimizer step on the global batch (with several ranks: on this rank's share of it). Returns
-        its metrics (detached tensors; with several ranks, this rank's parts of the global batch's sums), or
-        None when the loss or the gradient norm was not finite: the update is then skipped and counted, and
-        after `max_bad_steps` such steps in a row NonFiniteError stops the run.
+        its metrics as detached device tensors (with several ranks, this rank's parts of the global batch's
+        sums) and `applied`, 1 or 0: a step whose loss or gradient norm is not finite is skipped (parameters
+        and optimizer state unchanged) and counted; `train` stops the run at the next log line once
+        `max_bad_steps` steps in a row were skipped.
 
-        Host syncs per step: one, reading (loss, gradient norm, token slots, stop requests) together to
-        decide whether to apply the update; the model adds one to size the token level (the longest token
-        sequence of the batch, `boundary_positions`)."""
+        No host sync: the finiteness test and the skip happen on the device. (The model itself reads one
+        number, the longest token sequence of the batch, to size the token level: `boundary_positions`.)"""
         t = self.cfg.train
         lr = lr_at(self.bytes_seen, t)
         for group in self.optimizer.param_groups:
@@ -440,50 +478,46 @@ class Trainer:
                 metrics = accumulate_gradients(self.model, batch, t.micro_batches, uniforms=uniforms,
                                                generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
                                                totals=totals, reduce=self.dist.sum_dict if totals else None)
-        slots = torch.as_tensor(metrics["token_slots"], dtype=torch.float64).to(self.device)
+        # token slots are known on the host (the model sized its token level with them)
+        slots = int(metrics["token_slots"])
         if not self.dist.enabled:
             # clipped once, on the gradient of the whole batch (not per micro-batch: DESIGN.md §5)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-            check = torch.stack([metrics["loss"].double(), grad_norm.double(), slots])
+            loss = metrics["loss"]
+            self.flops += self.model.flops(int(batch.inputs.numel()), slots)
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
             square = local_grad_sq(self.model).double().to(self.device) if fsdp else torch.zeros((), dtype=torch.float64, device=self.device)
-            wants = [float(self._stop_signal is not None), float(self._time_up)]
-            check = torch.cat([torch.stack([metrics["loss"].double(), square, slots]),
-                               torch.tensor(wants, dtype=torch.float64, device=self.device)])
-            self.dist.all_reduce(check)  # global loss, squared norm of the shards, token slots, stop requests
+            check = torch.stack([metrics["loss"].double(), square])
+            self.dist.all_reduce(check)  # the global loss and squared norm of the gradient's shards
+            loss = check[0]
             if fsdp:
                 grad_norm = check[1].sqrt()
                 clip_with_norm_(self.model, max_norm, grad_norm)
             else:  # the gradients are the global batch's on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-                check[1] = grad_norm
-        host = check.tolist()  # the step's one host sync
-        if self.dist.enabled:
-            self._stop_elsewhere, self._time_up = host[3] > 0, host[4] > 0
-        ok = math.isfinite(host[0]) and math.isfinite(host[1])
-        if ok:
-            self.optimizer.step()
-            self.bad_in_a_row = 0
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.bad_in_a_row += 1
-            self.bad_total += 1
+            self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0)
+            self._pending_slots += slots  # this rank's; summed over ranks by `_settle_flops`
+        ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        self.optimizer.found_inf = (~ok).float()  # the fused AdamW kernel skips the whole update when 1
+        self.optimizer.step()
+        run = torch.where(ok, 0, self._bad[0] + 1)
+        self._bad = torch.stack([run, torch.maximum(self._bad[1], run), self._bad[2] + (~ok).long()])
         self.step += 1
         self.bytes_seen += self.bytes_per_step
-        self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, int(host[2]))
-        if not ok:
-            if self.bad_in_a_row >= t.max_bad_steps:
-                raise NonFiniteError(
-                    f"step {self.step}: non-finite loss or gradients {self.bad_in_a_row} steps in a row "
-                    f"(train.max_bad_steps={t.max_bad_steps}; loss {host[0]:.4g}, gradient norm "
-                    f"{host[1]:.4g}); stopping. The last checkpoint precedes them: lower train.lr, "
-                    f"check the data, or raise train.max_bad_steps")
-            return None
         metrics["grad_norm"] = grad_norm.detach()
         metrics["lr"] = torch.tensor(lr)
+        metrics["applied"] = ok
         return metrics
+
+    def _agree_to_stop(self, time_up: bool) -> tuple[bool, bool]:
+        """With several ranks: (time up, stop) on any rank -> on every rank (a collective: called by all
+        ranks at the same steps, the log lines)."""
+        wants = torch.tensor([float(time_up), float(self._stop_signal is not None)], dtype=torch.float64,
+                             device=self.device)
+        self.dist.all_reduce(wants)
+        return bool(wants[0] > 0), bool(wants[1] > 0)
 
     def _handle_signal(self, signum, frame):
         if self._stop_signal is not None:  # a second signal: stop now, without the checkpoint
@@ -507,25 +541,24 @@ class Trainer:
         last: dict = {}
         try:
             while self.step < self.total_steps:
-                if self.dist.enabled:  # ranks agree on stopping inside train_step (a signal or the time)
-                    self._time_up = max_seconds is not None and time.perf_counter() - start > max_seconds
                 metrics = self.train_step(self.data.train.next_batch())
-                if metrics is not None:
-                    sums = self._window["sums"]
-                    for k, v in metrics.items():
-                        v = v.detach().float().to(self.device)  # summed on the device, read at log lines
-                        sums[k] = sums[k] + v if k in sums else v
-                    self._window["n"] += 1
+                applied = metrics.pop("applied")
+                sums = self._window["sums"]
+                for k, v in metrics.items():  # summed on the device over the applied steps, read at log lines
+                    v = torch.where(applied, v.detach().float().to(self.device), 0.0)
+                    sums[k] = sums[k] + v if k in sums else v
+                self._window["n"] = self._window["n"] + applied.long()
                 if bar is not None:
                     bar.update(1)
-                if self.dist.enabled:
-                    time_up, stop = self._time_up, self._stop_elsewhere
-                else:
-                    time_up = max_seconds is not None and time.perf_counter() - start > max_seconds
-                    stop = self._stop_signal is not None
+                time_up = max_seconds is not None and time.perf_counter() - start > max_seconds
+                stop = self._stop_signal is not None
+                log_due = self.step % t.log_every == 0 or self.step >= self.total_steps
+                if self.dist.enabled:  # ranks agree on stopping (a signal or the time) at log lines
+                    time_up, stop = self._agree_to_stop(time_up) if log_due else (False, False)
                 done = self.step >= self.total_steps or time_up
                 eval_due = bool(t.eval_every and self.step % t.eval_every == 0) or done
-                if self.step % t.log_every == 0 or eval_due:
+                if log_due or eval_due:
+                    self._check_bad_steps()
                     extra = {}
                     if eval_due:
                         with self._autocast():

@@ -1,0 +1,78 @@
+"""The attention kernels (blocked sliding window, causal, FlexAttention) against a plain dense
+reference, and the window convention on a worked example."""
+
+import pytest
+import torch
+
+from conftest import random_inputs, tiny_config
+from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
+from learntok.model.unet import ByteUNet
+
+
+def dense_reference(q, k, v, window, cap):
+    """softmax(softcap(q k^T / sqrt(hd)) masked to q - window < k <= q) v, in float64, all T x T scores."""
+    q, k, v = q.double(), k.double(), v.double()
+    T = q.shape[2]
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if cap is not None:
+        scores = cap * torch.tanh(scores / cap)
+    qi, ki = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = (ki <= qi) if window is None else (ki <= qi) & (qi - ki < window)
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
+def qkv(T, seed=0, B=2, H=3, hd=8):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, T, hd, generator=g) * 2 for _ in range(3)]
+
+
+@pytest.mark.parametrize("T, window", [(1, 4), (5, 4), (8, 4), (9, 4), (64, 64), (65, 64), (200, 64), (37, 1)])
+@pytest.mark.parametrize("cap", [None, 50.0, 2.0])
+def test_blocked_sliding_window_equals_dense_reference(T, window, cap):
+    q, k, v = qkv(T, seed=T + window)
+    out = sliding_window_attention(q, k, v, window, cap)
+    assert torch.allclose(out.double(), dense_reference(q, k, v, window, cap), atol=2e-5)
+
+
+@pytest.mark.parametrize("T", [1, 7, 130])
+@pytest.mark.parametrize("cap", [None, 50.0])
+def test_causal_attention_equals_dense_reference(T, cap):
+    q, k, v = qkv(T, seed=T)
+    assert torch.allclose(causal_attention(q, k, v, cap).double(), dense_reference(q, k, v, None, cap), atol=2e-5)
+
+
+@pytest.mark.parametrize("T, window", [(5, 4), (130, 64), (200, 64), (130, None), (24, None)])
+@pytest.mark.parametrize("cap", [None, 50.0])
+def test_flex_attention_equals_dense_reference(T, window, cap):
+    q, k, v = qkv(T, seed=T)
+    out = flex_attention(q, k, v, window, cap)
+    assert torch.allclose(out.double(), dense_reference(q, k, v, window, cap), atol=2e-5)
+
+
+@pytest.mark.parametrize("kernel", ["blocked", "flex"])
+def test_window_convention_on_a_worked_example(kernel):
+    """W = 3 over 8 positions: changing the value at key 2 changes exactly queries 2, 3 and 4."""
+    T, W = 8, 3
+    q, k, v = qkv(T, B=1, H=1)
+    attend = (lambda *a: sliding_window_attention(*a, W, None)) if kernel == "blocked" else \
+        (lambda *a: flex_attention(*a, W, None))
+    v2 = v.clone()
+    v2[:, :, 2] += 10.0
+    changed = (attend(q, k, v2) - attend(q, k, v)).abs().amax(dim=(0, 1, 3)) > 1e-6
+    assert changed.nonzero().flatten().tolist() == [2, 3, 4]
+
+
+def test_model_with_flex_attention_computes_the_same_model():
+    """model.attention=flex is a kernel choice: same parameters, same sampled boundaries, same logits."""
+    cfg = tiny_config()
+    torch.manual_seed(0)
+    blocked = ByteUNet(cfg.model, cfg.boundaries)
+    cfg.model.attention = "flex"
+    flex = ByteUNet(cfg.model, cfg.boundaries)
+    flex.load_state_dict(blocked.state_dict())
+    inputs = random_inputs(3, 150)
+    u = torch.rand(inputs.shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # FlexAttention has no backward on a CPU
+        a, b = blocked(inputs, uniforms=u), flex(inputs, uniforms=u)
+    assert torch.equal(a.boundaries.a, b.boundaries.a)
+    assert torch.allclose(a.logits, b.logits, atol=1e-4) and torch.allclose(a.early_logits, b.early_logits, atol=1e-4)
