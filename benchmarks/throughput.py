@@ -46,40 +46,72 @@ def synthetic_batch(batch_size: int, seq_len: int, seed: int = 0) -> Batch:
     return Batch.from_sequences(seq)
 
 
-def measure(cfg, device, steps: int, warmup: int, bf16: bool, compile_model: bool) -> dict:
-    torch.manual_seed(0)
-    model = ByteUNet(cfg.model, cfg.boundaries).to(device)
-    if compile_model:
-        model.compile()  # in place: __call__ (and so model.loss) runs the compiled forward
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len).to(device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times, tokens, slots = [], 0, 0
-    for step in range(warmup + steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+class Run:
+    """One model training on one fixed batch; `step()` times one optimizer step (the trainer's AdamW)."""
+
+    def __init__(self, cfg, device, bf16: bool, compile_model: bool, sliding_window=None):
+        torch.manual_seed(0)
+        self.sliding_window = sliding_window  # replaces layers.sliding_window_attention during this run's steps
+        self.device, self.bf16 = device, bf16
+        self.model = ByteUNet(cfg.model, cfg.boundaries).to(device)
+        if compile_model:  # as the trainer does (train.compile): the three transformer stacks
+            for stack in (self.model.encoder, self.model.mid, self.model.decoder):
+                stack.compile()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
+        self.batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len).to(device)
+        self.gen = torch.Generator(device=device).manual_seed(0)
+        self.times, self.tokens, self.slots = [], 0, 0
+
+    def step(self, timed: bool) -> None:
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
         start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, metrics, _ = model.loss(batch, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-            tokens += int(metrics["tokens"])
-            slots += int(metrics["token_slots"])
-    step_time = statistics.median(times)
-    n_bytes = batch.inputs.numel()
-    flops = model.flops(n_bytes, slots // steps)
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"step_s": step_time, "bytes_s": n_bytes / step_time, "tokens_s": tokens / steps / step_time,
-            "padding": 1 - tokens / max(slots, 1), "flops_s": flops / step_time, "peak_gib": peak / 2**30}
+        blocked = layers.sliding_window_attention
+        if self.sliding_window is not None:
+            layers.sliding_window_attention = self.sliding_window
+        try:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                loss, metrics, _ = self.model.loss(self.batch, self.gen)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+        finally:
+            layers.sliding_window_attention = blocked
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        sync()
+        if timed:
+            self.times.append(time.perf_counter() - start)
+            self.tokens += int(metrics["tokens"])
+            self.slots += int(metrics["token_slots"])
+
+    def result(self) -> dict:
+        steps = len(self.times)
+        step_time = statistics.median(self.times)
+        n_bytes = self.batch.inputs.numel()
+        flops = self.model.flops(n_bytes, self.slots // steps)
+        return {"step_s": step_time, "bytes_s": n_bytes / step_time, "tokens_s": self.tokens / steps / step_time,
+                "padding": 1 - self.tokens / max(self.slots, 1), "flops_s": flops / step_time}
+
+
+def measure(runs: list[Run], steps: int, warmup: int) -> list[dict]:
+    """Interleaved: one step of each run in turn, so that a change in the machine's speed (another
+    process, clock scaling) hits every run alike. Peak memory: per run on CUDA; on a CPU the process's
+    peak resident size, which is shared by all runs."""
+    results = []
+    for r in runs:
+        if r.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(warmup):
+            r.step(timed=False)
+        r.peak = torch.cuda.max_memory_allocated() if r.device.type == "cuda" else None
+    for _ in range(steps):
+        for r in runs:
+            r.step(timed=True)
+    for r in runs:
+        out = r.result()
+        out["peak_gib"] = (r.peak if r.peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30
+        results.append(out)
+    return results
 
 
 def main() -> None:
@@ -98,18 +130,14 @@ def main() -> None:
     device = torch.device(args.device)
     peak = args.peak_tflops or (989.0 if device.type == "cuda" else None)
 
-    rows = []
-    for name in ("learned", args.fixed):
-        cfg = load_config(args.config, args.overrides + [f"boundaries.name={name}"])
-        rows.append((name, measure(cfg, device, args.steps, args.warmup, args.bf16, args.compile)))
-    if args.dense_baseline:
-        fast = layers.sliding_window_attention
-        layers.sliding_window_attention = dense_sliding_window
-        try:
-            cfg = load_config(args.config, args.overrides + ["boundaries.name=learned"])
-            rows.append(("learned, dense-mask attention", measure(cfg, device, args.steps, args.warmup, args.bf16, False)))
-        finally:
-            layers.sliding_window_attention = fast
+    names = ["learned", args.fixed]
+    runs = [Run(load_config(args.config, args.overrides + [f"boundaries.name={n}"]), device, args.bf16, args.compile)
+            for n in names]
+    if args.dense_baseline:  # the same learned model with the sliding window as one dense masked matrix
+        names.append("learned, dense-mask attention")
+        runs.append(Run(load_config(args.config, args.overrides + ["boundaries.name=learned"]), device, args.bf16,
+                        False, sliding_window=dense_sliding_window))
+    rows = list(zip(names, measure(runs, args.steps, args.warmup)))
 
     cfg = load_config(args.config, args.overrides)
     print(f"config {args.config} {' '.join(args.overrides)}: batch {cfg.train.batch_size} x {cfg.train.seq_len} bytes, "
@@ -122,6 +150,7 @@ def main() -> None:
         print(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | {r['padding']:.3f} | "
               f"{r['flops_s'] / 1e12:.3f} | {mfu} | {r['peak_gib']:.2f} |")
     learned, fixed = rows[0][1], rows[1][1]
+    print(f"\n(median of {args.steps} steps per row after {args.warmup} warm-up steps; the rows' steps interleaved)")
     print(f"\nlearned / {args.fixed} step time: {learned['step_s'] / fixed['step_s']:.3f}")
     if args.dense_baseline:
         print(f"blocked / dense-mask bytes/s: {learned['bytes_s'] / rows[2][1]['bytes_s']:.2f}x")

@@ -76,3 +76,16 @@ def test_model_with_flex_attention_computes_the_same_model():
         a, b = blocked(inputs, uniforms=u), flex(inputs, uniforms=u)
     assert torch.equal(a.boundaries.a, b.boundaries.a)
     assert torch.allclose(a.logits, b.logits, atol=1e-4) and torch.allclose(a.early_logits, b.early_logits, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("window", [64, None])
+def test_flex_attention_on_cuda_matches_blocked_with_gradients(window):
+    q, k, v = (t.cuda().requires_grad_() for t in qkv(300, B=2, H=4, hd=32))
+    blocked = sliding_window_attention(q, k, v, window, 50.0) if window else causal_attention(q, k, v, 50.0)
+    flex = flex_attention(q, k, v, window, 50.0)
+    assert torch.allclose(flex, blocked, atol=1e-4)
+    g = torch.randn_like(flex)
+    grads_blocked = torch.autograd.grad(blocked, (q, k, v), g)
+    grads_flex = torch.autograd.grad(flex, (q, k, v), g)
+    assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(grads_flex, grads_blocked))

@@ -69,3 +69,11 @@ def test_threshold_is_a_bernoulli_draw(cap):
     via_threshold = logits.float() > thresholds_from_uniforms(u, cap)
     # equal except where float rounding decides a near-tie
     assert (direct != via_threshold).float().mean() < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("w", [1, 8])
+def test_triton_scan_on_cuda_equals_reference_bit_for_bit(w):
+    base, lag, threshold = scan_problem(w, B=37, T=700)
+    on_gpu = scan_boundaries(base.cuda(), lag.cuda(), threshold.cuda())
+    assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), scan_reference(base, lag, threshold))

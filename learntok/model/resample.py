@@ -15,6 +15,11 @@ def token_index(a: torch.Tensor) -> torch.Tensor:
     return a.long().cumsum(dim=1) - 1
 
 
+@torch.compiler.disable  # a host read that sizes the tensors after it: a deliberate graph break
+def _longest(counts: torch.Tensor) -> int:
+    return int(counts.max().item())
+
+
 def boundary_positions(a: torch.Tensor, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Byte positions of the boundaries, left-aligned per row.
 
@@ -23,7 +28,7 @@ def boundary_positions(a: torch.Tensor, multiple: int = 1) -> tuple[torch.Tensor
     last byte, come after every real token, and are never read back by `upsample`."""
     B, T = a.shape
     counts = a.sum(dim=1)
-    M = int(counts.max().item()) if B else 0
+    M = _longest(counts) if B else 0
     M = max(multiple, -(-M // multiple) * multiple)
     tok_index = token_index(a)
     # scatter byte positions into their token slot; non-boundaries go to a spare column M, dropped after
