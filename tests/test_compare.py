@@ -100,3 +100,27 @@ def test_table_reports_skipped_and_spread_over_seeds():
     text = table_markdown(rows, 1e9)
     assert "2.050 ± 0.071 (2 seeds)" in text and "| hnet | skipped: its data cannot be made |" in text
     assert isinstance(CompareSettings(None, ["learned"], 1e9, Path("x")).eval_samples, int)
+
+
+def test_claims_follow_their_stated_rules():
+    from learntok.compare import RunResult, bpb_difference, claims
+
+    def run(strategy, seed, bpb, ws_precision):
+        summary = {"whitespace_precision": ws_precision}
+        return RunResult(strategy, seed, "ok", bpb=bpb, flops=1e9, bytes=1e5, analysis={"summary": summary})
+
+    diff, se = bpb_difference([2.0, 2.2], [2.5, 2.7])
+    assert diff == pytest.approx(-0.5) and se == pytest.approx((0.02 / 2 + 0.02 / 2) ** 0.5)
+    runs = [run("learned", 0, 2.0, 0.60), run("learned", 1, 2.2, 0.70),
+            run("whitespace", 0, 2.5, 0.90), run("whitespace", 1, 2.7, 0.90),  # 0.5 below: > 2 SE (0.28)
+            run("uniform", 0, 2.0, 0.20), run("uniform", 1, 2.3, 0.21),  # 0.05 below: within noise
+            run("bpe", 0, 1.0, 0.80)]  # one seed
+    verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
+    # halfway between blind placement (0.2) and the whitespace strategy (0.9) is 0.55; both seeds are above
+    assert verdicts == {"structure": "whitespace-like", "bpb vs whitespace": "ahead",
+                        "bpb vs uniform": "within noise", "bpb vs bpe": "one seed: not judged"}
+    runs[0] = run("learned", 0, 2.0, 0.50)  # one seed below halfway, both above blind placement
+    assert claims(runs, whitespace_share=0.2)[0]["verdict"] == "above blind placement"
+    runs[0], runs[1] = run("learned", 0, 3.5, 0.2), run("learned", 1, 3.6, 0.19)
+    verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
+    assert verdicts["structure"] == "not above blind placement" and verdicts["bpb vs whitespace"] == "behind"
