@@ -507,20 +507,20 @@ def write_segmentation_png(segs: list[tuple[str, object]], path: Path, width: in
 def html_fragment(seg) -> str:
     """The coloured text of a segmentation, compact: one class per probability decile instead of inline
     styles (display.html_fragment's look, at a fifth of the size for many panels)."""
-    from .display import _shown
+    from .display import shown_as
 
     out = []
     for c in seg.characters():
         level = round(min(max(c.prob, 0.0), 1.0) * 10)
-        shown = html.escape("".join(_shown(ch) for ch in c.char))
+        shown = html.escape("".join(shown_as(ch) for ch in c.char))
         out.append(f'<span class="p{level}{" e" if c.boundary else ""}">{shown}</span>' + ("\n" if c.char == "\n" else ""))
     return f'<div class="seg">{"".join(out)}</div>'
 
 
 def _segmentation_css() -> str:
-    from .display import _colour, _ink
+    from .display import ink_on, probability_colour
 
-    rules = [f".p{k} {{ background: rgb{_colour(k / 10)}; color: rgb{_ink(_colour(k / 10))}; }}" for k in range(11)]
+    rules = [f".p{k} {{ background: rgb{probability_colour(k / 10)}; color: rgb{ink_on(probability_colour(k / 10))}; }}" for k in range(11)]
     return ("\n".join(rules) + "\n.e { box-shadow: inset -2px 0 0 #111; }\n"
             ".seg { font-family: 'DejaVu Sans Mono', Menlo, Consolas, monospace; white-space: pre-wrap; "
             "line-height: 1.9; word-break: break-all; }")

@@ -138,7 +138,7 @@ def _characters(data: bytes) -> list[tuple[int, int]]:
 _STOPS = ((0.0, (40, 70, 170)), (0.5, (215, 215, 215)), (1.0, (200, 35, 40)))
 
 
-def _colour(p: float) -> tuple[int, int, int]:
+def probability_colour(p: float) -> tuple[int, int, int]:
     """Blue (p = 0) through light grey (0.5) to red (1)."""
     p = min(max(float(p), 0.0), 1.0)
     for (p0, c0), (p1, c1) in zip(_STOPS, _STOPS[1:]):
@@ -148,13 +148,13 @@ def _colour(p: float) -> tuple[int, int, int]:
     return _STOPS[-1][1]
 
 
-def _ink(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
+def ink_on(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
     """Black or white text, whichever reads better on `rgb`."""
     r, g, b = rgb
     return (20, 20, 20) if 0.299 * r + 0.587 * g + 0.114 * b > 150 else (255, 255, 255)
 
 
-def _shown(ch: str) -> str:
+def shown_as(ch: str) -> str:
     """What stands for a character on screen: visible marks for newline and tab, control pictures for
     other control characters (a random model emits plenty)."""
     if ch == "\n":
@@ -181,9 +181,9 @@ def render(seg: Segmentation, colour: bool, separator: str | None = None) -> str
     for c in seg.characters():
         shown = {"\n": "↵\n", "\t": "→"}.get(c.char, c.char)
         if colour:
-            shown = "".join(_shown(ch) if ch != "\n" else ch for ch in shown)
-            bg = _colour(c.prob)
-            fg = _ink(bg)
+            shown = "".join(shown_as(ch) if ch != "\n" else ch for ch in shown)
+            bg = probability_colour(c.prob)
+            fg = ink_on(bg)
             out.append(f"\x1b[48;2;{bg[0]};{bg[1]};{bg[2]}m\x1b[38;2;{fg[0]};{fg[1]};{fg[2]}m{shown}\x1b[0m")
         else:
             out.append(shown)
@@ -195,7 +195,7 @@ def render(seg: Segmentation, colour: bool, separator: str | None = None) -> str
 def legend(colour: bool) -> str:
     if not colour:
         return "('|' ends each learned token)"
-    cells = "".join(f"\x1b[48;2;{r};{g};{b}m \x1b[0m" for r, g, b in (_colour(p / 10) for p in range(11)))
+    cells = "".join(f"\x1b[48;2;{r};{g};{b}m \x1b[0m" for r, g, b in (probability_colour(p / 10) for p in range(11)))
     return f"colour = boundary probability: 0 {cells} 1   │ = end of a token"
 
 
@@ -240,9 +240,9 @@ def html_fragment(seg: Segmentation) -> str:
     and its probability in a tooltip. Styles are inline, so it also shows in a notebook."""
     out = []
     for c in seg.characters():
-        bg = _colour(c.prob)
-        fg = _ink(bg)
-        shown = html.escape("".join(_shown(ch) for ch in c.char))
+        bg = probability_colour(c.prob)
+        fg = ink_on(bg)
+        shown = html.escape("".join(shown_as(ch) for ch in c.char))
         cls = "c end" if c.boundary else "c"
         mark = "box-shadow:inset -2px 0 0 #111;" if c.boundary else ""
         out.append(f'<span class="{cls}" style="background:rgb{bg};color:rgb{fg};{mark}" '
@@ -256,12 +256,12 @@ def to_html(seg: Segmentation, title: str | None = None) -> str:
     """A standalone page (inline CSS, no scripts, no external files): title, summary, colour legend and
     the coloured text."""
     title = title or "learntok segmentation"
-    gradient = ", ".join(f"rgb{_colour(p / 10)}" for p in range(11))
+    gradient = ", ".join(f"rgb{probability_colour(p / 10)}" for p in range(11))
     n_tok = len(seg.tokens())
     mean_p = sum(seg.probs) / max(len(seg.probs), 1)
     meta = (f"{len(seg.data):,} bytes, {n_tok:,} tokens ({len(seg.data) / max(n_tok, 1):.2f} bytes per token), "
             f"mean boundary probability {mean_p:.3f}")
-    sample = f'<span class="sample" style="background:rgb{_colour(0.9)};color:#fff;padding:2px 3px;box-shadow:inset -2px 0 0 #111">a</span>'
+    sample = f'<span class="sample" style="background:rgb{probability_colour(0.9)};color:#fff;padding:2px 3px;box-shadow:inset -2px 0 0 #111">a</span>'
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -317,7 +317,7 @@ def save_png(seg: Segmentation, path: str | Path, *, width: int = 80, title: str
     ax.set_xlim(0, width)
     ax.set_ylim(n_rows, 0)
     ax.axis("off")
-    colours = [tuple(v / 255 for v in _colour(c.prob)) for _, _, c in cells]
+    colours = [tuple(v / 255 for v in probability_colour(c.prob)) for _, _, c in cells]
     ax.add_collection(PatchCollection([Rectangle((x, y), 1, 1) for y, x, _ in cells], facecolors=colours,
                                       edgecolors="none"))
     marks = [[(x + 1, y + 0.08), (x + 1, y + 0.92)] for y, x, c in cells if c.boundary]
@@ -325,9 +325,9 @@ def save_png(seg: Segmentation, path: str | Path, *, width: int = 80, title: str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # glyphs missing from the font (e.g. CJK) are drawn as boxes
         for (y, x, c), bg in zip(cells, colours):
-            shown = "".join(_shown(ch) for ch in c.char)
+            shown = "".join(shown_as(ch) for ch in c.char)
             if shown.strip():
-                ink = tuple(v / 255 for v in _ink(tuple(int(v * 255) for v in bg)))
+                ink = tuple(v / 255 for v in ink_on(tuple(int(v * 255) for v in bg)))
                 ax.text(x + 0.5, y + 0.55, shown, ha="center", va="center", fontsize=font_size, color=ink,
                         family=["DejaVu Sans Mono", "DejaVu Sans"])
         if title:

@@ -82,8 +82,8 @@ def test_terminal_rendering():
     assert display.render(seg, colour=False) == "aé |b"
     coloured = display.render(seg, colour=True)
     assert coloured.count("\x1b[48;2;") == 4 and coloured.count("│") == 1
-    assert display._colour(0.0)[2] > display._colour(0.0)[0]  # blue at 0
-    assert display._colour(1.0)[0] > display._colour(1.0)[2]  # red at 1
+    assert display.probability_colour(0.0)[2] > display.probability_colour(0.0)[0]  # blue at 0
+    assert display.probability_colour(1.0)[0] > display.probability_colour(1.0)[2]  # red at 1
 
 
 def test_json(model):
