@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"learntok demo: a {cfg.boundaries.name!r}-boundary U-Net (d={cfg.model.d_model}, "
           f"{cfg.model.n_down_layers}/{cfg.model.n_mid_layers}/{cfg.model.n_up_layers} layers) learns where tokens end,\n"
           f"trained for {t.training_bytes / 1e6:.1f}M bytes on English prose shipped with Python (help topics and\n"
-          f"standard-library docstrings). About 5-7 minutes on 2 CPU cores; training stops at {args.max_minutes:g} "
+          f"standard-library docstrings). About 4 minutes on 2 idle CPU cores; training stops at {args.max_minutes:g} "
           f"minutes at most, so the whole demo ends within 10.")
     run_dir = Path(args.run_dir)
     if run_dir.exists():  # the demo's own directory: start afresh rather than append to an old run
