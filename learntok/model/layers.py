@@ -130,16 +130,15 @@ def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tens
 
     if q.is_cuda:
         if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex, dynamic=False)
+            # automatic dynamic shapes: the token level's length changes from batch to batch, and one
+            # static compilation per length would soon hit dynamo's recompile limit (then run unfused)
+            _compiled_flex = torch.compile(flex)
         run = _compiled_flex
     else:
         run = flex
     with warnings.catch_warnings():  # "called without torch.compile": intended on a CPU
         warnings.simplefilter("ignore", UserWarning)
         return run(q, k, v, score_mod=score_mod, block_mask=_FLEX_BLOCK_MASKS[key])
-
-
-ATTENTION_KERNELS = ("blocked", "flex")
 
 
 def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
