@@ -445,6 +445,10 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
     ax = fig.add_subplot(1, 1, 1)
     seen = set()
     finals = []
+    final_bpb: dict[str, list[float]] = {}  # the legend gives each strategy's mean over its seeds
+    for r in results:
+        if r.status == "ok":
+            final_bpb.setdefault(r.strategy, []).append(r.bpb)
     for r in results:
         if r.status != "ok" or not r.curve:
             continue
@@ -453,7 +457,7 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
         colour = COLOURS.get(r.strategy, "#bcbd22")
         xs, ys = zip(*r.curve)
         ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6 if r.strategy == "learned" else 1.1, color=colour,
-                label=f"{r.strategy} ({r.bpb:.3f})" if first else None)
+                label=f"{r.strategy} ({sum(final_bpb[r.strategy]) / len(final_bpb[r.strategy]):.3f})" if first else None)
         finals.append(ys[-1])
         later = ys[1:] if len(ys) > 2 else ys  # the first point (high above the rest) may leave the frame
         finals.extend(later)
@@ -465,7 +469,9 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
     ax.set_ylabel("held-out bits per byte")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="strategy (final held-out bpb)", title_fontsize=8)
+    seeds = max(len(v) for v in final_bpb.values())
+    ax.legend(fontsize=8, title="strategy (final held-out bpb" + (f", mean of {seeds} seeds)" if seeds > 1 else ")"),
+              title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path
