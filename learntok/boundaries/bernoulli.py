@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Boundaries, BoundaryInput, BoundaryStrategy
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy
 
 
 class RandomBoundaries(BoundaryStrategy):
@@ -30,3 +30,18 @@ class RandomBoundaries(BoundaryStrategy):
         a = (a & inp.valid) | inp.forced
         probs = torch.full(a.shape, self.cfg.target_rate, device=a.device).masked_fill(inp.forced, 1.0)
         return Boundaries(a=a, probs=probs)
+
+    # generation: the draw at byte j, as `forward` makes it; nothing to keep between bytes
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> None:
+        return None
+
+    def step(self, inp: BoundaryStepInput, cache: None) -> BoundaryStep:
+        if inp.prescribed is not None:
+            a = inp.prescribed.bool()
+        else:
+            u = inp.uniforms if inp.uniforms is not None else torch.rand(inp.forced.shape, generator=inp.generator,
+                                                                         device=inp.forced.device)
+            a = u < self.cfg.target_rate
+        a = a | inp.forced
+        probs = torch.full(a.shape, self.cfg.target_rate, device=a.device).masked_fill(inp.forced, 1.0)
+        return BoundaryStep(a=a, probs=probs)
