@@ -11,7 +11,7 @@ python -m pytest -q -p no:cacheprovider tests/test_scan.py tests/test_attention.
 python benchmarks/scan.py --device cuda --repeats 50
 for kernel in blocked flex; do
   python benchmarks/throughput.py --config paper_147m_fineweb --device cuda --bf16 --steps 10 --warmup 3 \
-      train.batch_size=8 model.attention=$kernel
+      train.batch_size=8 train.micro_batches=1 model.attention=$kernel
 done
 python benchmarks/throughput.py --config paper_147m_fineweb --device cuda --bf16 --compile --steps 10 --warmup 5 \
-    train.batch_size=8 model.attention=flex
+    train.batch_size=8 train.micro_batches=1 model.attention=flex
