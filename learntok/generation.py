@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from .data.batch import BOS, EOS, PAD
 from .display import Segmentation
@@ -225,33 +224,24 @@ class Score:
         return self.bits / max(self.n_bytes, 1)
 
 
-@torch.no_grad()
 def score(model, text: str | bytes, *, seed: int = 0, samples: int = 1, context: int | None = None) -> Score:
     """Bits per byte of `text`: -log2 p(x_i | x_<i) summed over its bytes (each predicted from BOS and the
-    bytes before it), divided by their number. Boundaries are sampled (eval mode), with seeds `seed` ..
-    `seed + samples - 1`, and the bits averaged over the samples. A text longer than `context` bytes
-    (default: the training sequence length) is cut into pieces of `context` bytes, each
-    scored after its own BOS: the model never saw longer sequences (unknown length: 4096)."""
+    bytes before it), divided by their number, exactly as `learntok eval` scores a held-out document
+    (`eval.scorer.UNetScorer`, boundaries sampled): `samples` boundary draws with seeds derived from
+    `seed` and the text, the bits averaged over them. A text longer than `context` bytes (default: the
+    training sequence length; the model never saw longer rows) is scored in windows of `context` bytes
+    that overlap by half, every byte predicted once with at least context/2 bytes before it."""
+    from .eval.scorer import UNetScorer
+
     data = _encode(text)
     if not data:
         return Score(0, 0.0, [0.0] * samples)
-    context = context or default_context(model)
     was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    per_sample = []
     try:
-        for s in range(samples):
-            gen = torch.Generator(device=device).manual_seed(seed + s)
-            bits = 0.0
-            for start in range(0, len(data), context):
-                piece = data[start:start + context]
-                seq = torch.tensor([[BOS, *piece]], dtype=torch.long, device=device)  # (1, n + 1)
-                logits = model(seq[:, :-1], generator=gen).logits  # (1, n, V)
-                nll = F.cross_entropy(logits[0].float(), seq[0, 1:], reduction="sum")
-                bits += float(nll) / LN2
-            per_sample.append(bits)
+        scorer = UNetScorer(model, samples=samples, seed=seed, max_len=context or default_context(model))
+        (result,) = scorer.score([(b"", data)])
     finally:
         model.train(was_training)
     n = len(data)
-    return Score(n, sum(per_sample) / samples, [b / n for b in per_sample])
+    bits = [nll / LN2 for nll in result.sample_nll] or [result.nll_nats / LN2]
+    return Score(n, sum(bits) / len(bits), [b / n for b in bits])

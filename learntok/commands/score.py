@@ -22,10 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--field", default="text", help="the JSON field holding the text (default: text)")
     p.add_argument("--limit", type=int, default=None, help="at most this many documents per JSON-lines file")
     p.add_argument("--samples", type=int, default=1,
-                   help="boundary samples to average over, seeds SEED.. (default 1; deterministic strategies need 1)")
+                   help="boundary draws to average over, seeded from --seed and the text (default 1; deterministic "
+                        "strategies need 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--context", type=int, default=None, metavar="N",
-                   help="bytes per forward pass; longer documents are cut (default: the training sequence length)")
+                   help="bytes per forward pass; longer documents are scored in windows overlapping by half, "
+                        "as learntok eval does (default: the training sequence length)")
     p.add_argument("--show", type=int, default=20, help="print at most this many per-document rows (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON line per document, then the total")
     p.add_argument("--device", default="cpu")
