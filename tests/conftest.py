@@ -1,8 +1,12 @@
+import numba
+import numpy as np
 import pytest
 import torch
 
 from learntok.config import RunConfig, load_config
 from learntok.data.batch import BOS
+from learntok.data.demo import StreamBatches, stream_eval_batches
+from learntok.train.trainer import DataSources
 
 
 def tiny_config(**boundaries) -> RunConfig:
@@ -16,6 +20,16 @@ def tiny_config(**boundaries) -> RunConfig:
     return cfg
 
 
+def memory_data(cfg) -> DataSources:
+    """Batches from an in-memory byte stream: no corpus to build, no files."""
+    rng = np.random.default_rng(0)
+    words = [b"the ", b"tokens ", b"of ", b"a ", b"byte ", b"model ", b"learn ", b"where ", b"to ", b"end. "]
+    text = b"".join(words[i] for i in rng.integers(0, len(words), 6000))
+    t = cfg.train
+    return DataSources(StreamBatches(text, t.seq_len, t.batch_size, seed=t.seed),
+                       stream_eval_batches(text, t.seq_len, t.batch_size, 1), "in-memory words")
+
+
 def random_inputs(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, length), generator=g)
@@ -27,3 +41,23 @@ def random_inputs(batch: int, length: int, seed: int = 0) -> torch.Tensor:
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def keep_threads():
+    """Trainers set torch's thread count for the process; give the other tests theirs back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def one_thread():
+    """One thread for torch and numba: tiny models run faster so, and on 2 cores numba's OpenMP
+    threads otherwise slow every torch op that follows the boundary scan."""
+    t, nb = torch.get_num_threads(), numba.get_num_threads()
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    yield
+    torch.set_num_threads(t)
+    numba.set_num_threads(nb)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from learntok.cli import main as cli_main
 from learntok.compare import CompareSettings, aggregate, flops_per_byte, table_markdown
@@ -22,11 +21,7 @@ TINY = ["model.d_model=32", "model.n_heads=2", "model.n_down_layers=1", "model.n
         "train.warmup_bytes=500", "train.eval_batches=1", "train.checkpoint_every=0"]
 
 
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("keep_threads")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ recomputing a full forward pass over the whole prefix for every byte with the sa
 
 import math
 
-import numba
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,16 +21,7 @@ from conftest import random_inputs, tiny_config
 PROMPT = "Hello, wörld! "  # a two-byte character in the prompt
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread for torch and numba: tiny models run faster so, and on 2 cores numba's OpenMP
-    threads otherwise slow every torch op that follows the boundary scan."""
-    t, nb = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
-    yield
-    torch.set_num_threads(t)
-    numba.set_num_threads(nb)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_model(name="learned", seed=0, **extra):

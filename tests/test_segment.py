@@ -7,7 +7,6 @@ import shutil
 import subprocess
 from html.parser import HTMLParser
 
-import numba
 import pytest
 import torch
 
@@ -21,14 +20,7 @@ from conftest import tiny_config
 TEXT = "Tokens: naïve café 東京!\n\tdef f(x): return x"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    t, nb = torch.get_num_threads(), numba.get_num_threads()
-    torch.set_num_threads(1)
-    numba.set_num_threads(1)
-    yield
-    torch.set_num_threads(t)
-    numba.set_num_threads(nb)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import tiny_config
+from conftest import memory_data, tiny_config
 
 from learntok.cli import main as cli_main
 from learntok.config import load_config
-from learntok.data.demo import StreamBatches, stream_eval_batches
 from learntok.train import checkpoint as ckpt_io
 from learntok.train.trainer import (
     TIMING_FIELDS,
-    DataSources,
     NonFiniteError,
     Trainer,
     read_metrics,
@@ -34,18 +32,10 @@ from learntok.train.trainer import (
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.usefixtures("keep_threads")
+
 
 # --- helpers -------------------------------------------------------------------------------------
-
-def memory_data(cfg) -> DataSources:
-    """Batches from an in-memory byte stream: no corpus to build, no files."""
-    rng = np.random.default_rng(0)
-    words = [b"the ", b"tokens ", b"of ", b"a ", b"byte ", b"model ", b"learn ", b"where ", b"to ", b"end. "]
-    text = b"".join(words[i] for i in rng.integers(0, len(words), 6000))
-    t = cfg.train
-    return DataSources(StreamBatches(text, t.seq_len, t.batch_size, seed=t.seed),
-                       stream_eval_batches(text, t.seq_len, t.batch_size, 1), "in-memory words")
-
 
 def tiny_trainer(run_dir, resume=False, **train) -> Trainer:
     cfg = tiny_config()
@@ -92,14 +82,6 @@ def tiny_yaml(path: Path, data: Path, steps: int, **train) -> Path:
            "train": t, "data": {"source": str(data), "mode": "packed"}}
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-@pytest.fixture(autouse=True)
-def keep_threads():
-    """Trainers set torch's thread count for the process; give the other tests theirs back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 import torch
-from conftest import random_inputs, tiny_config
+from conftest import memory_data, random_inputs, tiny_config
 
 from learntok.data.batch import PAD, Batch
-from learntok.data.demo import StreamBatches, stream_eval_batches
 from learntok.model.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients, split_rows
-from learntok.train.trainer import DataSources, Trainer
+from learntok.train.trainer import Trainer
 
 RTOL = 1e-5  # float32: only the order of additions differs
 
@@ -115,22 +113,6 @@ def test_recompute_and_keep_agree_bitwise_on_cpu():
     g_a, _ = accumulated(a, batch, u, 3, recompute=True)
     g_b, _ = accumulated(b, batch, u, 3, recompute=False)
     assert all(torch.equal(g_a[k], g_b[k]) for k in g_a)
-
-
-def memory_data(cfg) -> DataSources:
-    rng = np.random.default_rng(0)
-    words = [b"the ", b"tokens ", b"of ", b"a ", b"byte ", b"model ", b"learn ", b"where ", b"to ", b"end. "]
-    text = b"".join(words[i] for i in rng.integers(0, len(words), 6000))
-    t = cfg.train
-    return DataSources(StreamBatches(text, t.seq_len, t.batch_size, seed=t.seed),
-                       stream_eval_batches(text, t.seq_len, t.batch_size, 1), "in-memory words")
-
-
-@pytest.fixture
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def test_trainer_step_with_micro_batches_equals_one_batch(tmp_path, keep_threads):
