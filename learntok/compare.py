@@ -34,6 +34,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -336,9 +337,9 @@ def aggregate(results: list[RunResult]) -> list[dict]:
         if not ok:
             rows.append({"strategy": name, "status": runs[0].status, "message": runs[0].message})
             continue
-        mean = lambda xs: sum(xs) / len(xs)
+        mean = statistics.fmean
         bpbs = [r.bpb for r in ok]
-        spread = (sum((b - mean(bpbs)) ** 2 for b in bpbs) / (len(bpbs) - 1)) ** 0.5 if len(bpbs) > 1 else None
+        spread = statistics.stdev(bpbs) if len(bpbs) > 1 else None
         summary = {k: mean([r.analysis["summary"].get(k, float("nan")) for r in ok]) for k in ok[0].analysis["summary"]}
         rows.append({"strategy": name, "status": "ok", "seeds": len(ok), "bpb": mean(bpbs), "bpb_std_over_seeds": spread,
                      "bpb_std_over_samples": mean([r.bpb_std_over_samples for r in ok]), "eval_samples": ok[0].eval_samples,
@@ -369,12 +370,10 @@ def table_markdown(rows: list[dict], budget: float) -> str:
 
 def bpb_difference(a: list[float], b: list[float]) -> tuple[float, float | None]:
     """mean(a) - mean(b) and its standard error (None with a single seed on either side)."""
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    var = lambda xs: sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)  # noqa: E731
-    diff = mean(a) - mean(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:
         return diff, None
-    return diff, (var(a) / len(a) + var(b) / len(b)) ** 0.5
+    return diff, (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
 
 
 def claims(results: list[RunResult], whitespace_share: float, policy: str = "learned") -> list[dict]:

@@ -121,12 +121,12 @@ def _triton_kernel():
 
 def scan_triton(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor, block_rows: int = 32) -> torch.Tensor:
     """The scan as a Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Same contract
-    as `scan_reference`."""
+    as `scan_reference`: float32 inputs."""
     B, T = base.shape
     w = lag.shape[-1]
     out = torch.empty((B, T), dtype=torch.int8, device=base.device)
     grid = (-(-B // block_rows),)
-    _triton_kernel()[grid](base.float().contiguous(), lag.float().contiguous(), threshold.float().contiguous(), out,
+    _triton_kernel()[grid](base.contiguous(), lag.contiguous(), threshold.contiguous(), out,
                            B, T, W=w, HISTORY_MASK=(1 << w) - 1, BLOCK_B=block_rows)
     return out.bool()
 
@@ -155,9 +155,10 @@ def _boundary_scan(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tenso
     device = base.device
     if device.type == "cuda":
         return scan_triton(base, lag, threshold)
-    base_np = base.detach().float().cpu().contiguous().numpy()
-    lag_np = lag.detach().float().cpu().contiguous().numpy()
-    thr_np = threshold.detach().float().cpu().contiguous().numpy()
+    # `scan_boundaries` passes detached float32 tensors
+    base_np = base.cpu().contiguous().numpy()
+    lag_np = lag.cpu().contiguous().numpy()
+    thr_np = threshold.cpu().contiguous().numpy()
     a = np.empty(base_np.shape, dtype=np.bool_)
     _get_compiled()(base_np, lag_np, thr_np, a)
     return torch.from_numpy(a).to(device)
