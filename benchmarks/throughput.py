@@ -3,7 +3,7 @@
     python benchmarks/throughput.py                          # CPU default config
     python benchmarks/throughput.py --config paper_147m_fineweb --device cuda --steps 20 --bf16
 
-Prints a table (it asserts nothing): step time, bytes/s, tokens/s, token padding fraction, model FLOPs
+Prints a table (it asserts nothing): step time, bytes/s, tokens/s, token-attention padding, model FLOPs
 utilisation (paper §4.2 accounting against --peak-tflops, default 989 bf16 dense for an H100 SXM on
 CUDA, none on CPU), peak memory, and the learned/fixed step-time ratio. `--dense-baseline` adds the
 same model with plain dense-mask attention (the "plain eager implementation" to compare against).
@@ -88,7 +88,7 @@ class Run:
         steps = len(self.times)
         step_time = statistics.median(self.times)
         n_bytes = self.batch.inputs.numel()
-        flops = self.model.flops(n_bytes, self.slots // steps)
+        flops = self.model.flops(n_bytes, self.tokens // steps)
         return {"step_s": step_time, "bytes_s": n_bytes / step_time, "tokens_s": self.tokens / steps / step_time,
                 "padding": 1 - self.tokens / max(self.slots, 1), "flops_s": flops / step_time}
 

@@ -3,9 +3,9 @@
 
 Every strategy gets the same config (architecture, optimiser, data, seed) with only `boundaries.name`
 changed, and the same budget of training FLOPs, counted as the trainer counts them (paper §4.2: 6 per
-matrix parameter per byte at the byte level, per token slot at the token level; cumulative `flops` in
-metrics.jsonl). Strategies differ in FLOPs per byte (their realised rate, the padding of the token
-dimension to the longest row, their own parameters), so each trains on a different number of bytes:
+matrix parameter per byte at the byte level, per token at the token level; cumulative `flops` in
+metrics.jsonl). Strategies differ in FLOPs per byte (their realised rate, their own parameters), so
+each trains on a different number of bytes:
 
 1. the fresh model is run on the first two held-out batches (training mode, no gradient) to measure its
    FLOPs per byte, and `train.training_bytes = budget / (FLOPs per byte)` plans the run;
@@ -118,7 +118,7 @@ def flops_per_byte(model, batches, seed: int = 0) -> float:
     try:
         for batch in batches:
             out = model(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=gen)
-            flops += model.flops(int(batch.inputs.numel()), int(out.tok_pos.numel()))
+            flops += model.flops(int(batch.inputs.numel()), out.tok_real.numel())
             n += int(batch.inputs.numel())
     finally:
         model.train(was_training)

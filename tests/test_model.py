@@ -79,3 +79,43 @@ def test_eval_mode_drops_the_policy_softcap():
     raw = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.extras["logits"]
     assert capped.abs().max() <= 1.0 and raw.abs().max() > 1.0
     assert torch.allclose(capped, torch.tanh(raw))
+
+
+def test_packed_token_level_equals_the_padded_computation():
+    """The token level runs norms, projections and MLPs on its real tokens only; per row and in float64
+    it must give what the padded (B, M) computation gives at every real slot, gradients included, and
+    zeros at the padding slots."""
+    from learntok.model import resample
+    from learntok.model.layers import Stack
+
+    torch.manual_seed(0)
+    stack = Stack(2, 16, 2, 64, None, 50.0, 10_000.0).double()
+    a = torch.rand(3, 40) < 0.3
+    a[:, 0] = True
+    a[1, 1:] = False  # one row with a single token
+    slots = resample.boundary_positions(a, multiple=8)
+    x = torch.randn(*slots.pos.shape, 16, dtype=torch.float64, requires_grad=True)
+    packed = stack(x, slots.pos, real=slots.real)
+    padded = stack(x, slots.pos)
+    valid = slots.valid
+    assert torch.allclose(packed[valid], padded[valid], atol=1e-12)
+    assert packed[~valid].abs().sum() == 0
+    # gradients through the real slots only: to the inputs and to every weight
+    w = torch.randn_like(packed[valid])
+    g_packed = torch.autograd.grad((packed[valid] * w).sum(), [x, *stack.parameters()])
+    g_padded = torch.autograd.grad((padded[valid] * w).sum(), [x, *stack.parameters()])
+    for gp, gd in zip(g_packed, g_padded):  # RMSNorm computes in float32: its weights' sums round there
+        assert torch.allclose(gp, gd, rtol=1e-6, atol=1e-5)
+    assert g_packed[0][~valid].abs().sum() == 0  # padding inputs never reach a real output
+
+
+def test_flops_count_the_real_tokens():
+    """The token level's matrices run on the real tokens, and that is what the FLOPs count."""
+    cfg = tiny_config()
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    batch = Batch.from_sequences(random_inputs(3, 48))
+    _, metrics, out = model.loss(batch, torch.Generator().manual_seed(0))
+    assert int(metrics["tokens"]) == int(out.tok_valid.sum()) < int(metrics["token_slots"]) == out.tok_pos.numel()
+    p = model.matrix_params()
+    n_bytes = batch.inputs.numel()
+    assert model.flops(n_bytes, int(metrics["tokens"])) == 6 * (p["byte"] * n_bytes + p["token"] * int(out.tok_valid.sum()))

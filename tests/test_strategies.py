@@ -145,7 +145,7 @@ def test_dynamic_pooling_rule_pooling_and_prior():
     a = torch.tensor([[1, 0, 1, 0, 0, 1, 0, 0, 0]]).bool()
     bnd.a = a
     from learntok.model.resample import boundary_positions
-    tok_pos, _ = boundary_positions(a)
+    tok_pos = boundary_positions(a).pos
     pooled = strat.pool(hidden, bnd, tok_pos)
     assert torch.allclose(pooled[0, 0], hidden[0, 0]) and torch.allclose(pooled[0, 1], hidden[0, 1:3].mean(0))
     assert torch.allclose(pooled[0, 2], hidden[0, 3:6].mean(0))  # bytes 6..8 close no token
@@ -184,16 +184,20 @@ def test_hnet_routing_smoothing_and_ratio_loss():
     assert strat.losses(bnd, loss_inp)["ratio"][0] == 0.03
 
 
-def test_hnet_unpool_without_pool_recovers_the_token_probabilities():
+def test_hnet_unpool_smooths_with_the_probability_at_each_token():
     cfg = tiny_config(name="hnet")
     model = ByteUNet(cfg.model, cfg.boundaries)
     out = model(random_inputs(2, 32))
     bnd = out.boundaries
     hidden, tokens = torch.randn(2, 32, cfg.model.d_model), torch.randn(2, out.tok_pos.shape[1], cfg.model.d_model)
+    from learntok.boundaries.hnet import P_MIN
     from learntok.model.resample import token_index
-    with_pool = model.boundaries.unpool(hidden, tokens, bnd, token_index(bnd.a))
-    bnd.extras.pop("token_probs")
-    assert torch.equal(model.boundaries.unpool(hidden, tokens, bnd, token_index(bnd.a)), with_pool)
+    c = token_index(bnd.a)
+    # P_k read at the byte where token k ends; the EMA then gives token c(j) to byte j, confidence-scaled
+    P = bnd.probs.gather(1, out.tok_pos).clamp(P_MIN, 1 - P_MIN)
+    smoothed = ema_reference(tokens, P)
+    expected = hidden + smoothed.gather(1, c[..., None].expand(-1, -1, tokens.shape[-1]))
+    assert torch.allclose(model.boundaries.unpool(hidden, tokens, bnd, c), expected, atol=1e-5)
 
 
 def test_the_causality_test_sees_an_off_by_one_pooling():

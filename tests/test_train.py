@@ -219,8 +219,9 @@ HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float_
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatch, micro_batches):
     """Outside log lines the step never waits for the device: every read of a tensor's value on the host
-    is one of the documented few (the CPU scan's input, the token count that sizes the token level, the
-    token-slot count the model computed on the host), also on a skipped, non-finite step."""
+    is one of the documented few (the CPU scan's input, the one read of the longest row's and the total
+    token count that size the token level, and that total again, a host number by then), also on a
+    skipped, non-finite step."""
     trainer = tiny_trainer(tmp_path / "run", micro_batches=micro_batches, log_every=100, checkpoint_every=0)
     trainer.train_step(trainer.data.train.next_batch())  # the first step builds the optimizer state
     reads = []
@@ -235,10 +236,27 @@ def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatc
     poison(trainer, {trainer.step + 1}, "grad")
     metrics = trainer.train_step(trainer.data.train.next_batch())
     monkeypatch.undo()
-    allowed = {"_boundary_scan", "_longest", "train_step"}
+    allowed = {"_boundary_scan", "_longest_and_total", "train_step"}
     assert reads and {where for _, where in reads} <= allowed, reads
-    assert [name for name, where in reads if where == "train_step"] == ["__int__", "__int__"]  # token slots
+    assert [name for name, where in reads if where == "train_step"] == ["__int__"] * 2  # the token count, per step
     assert not bool(metrics["applied"]) and trainer.bad_total == 1
+
+
+def test_metrics_are_summed_over_applied_steps_without_copies_to_the_device(monkeypatch):
+    """Copying a host tensor to a GPU waits for the GPU's queue, so host numbers (token counts, the
+    learning rate) must enter the device sums as scalars. The meta device stands in for a GPU here."""
+    from learntok.train.trainer import add_applied
+    sums = {}
+    for ok in (True, False, True):
+        add_applied(sums, {"tokens": torch.tensor(7), "loss": torch.tensor(0.5)}, torch.tensor(ok))
+    assert sums["tokens"].item() == 14 and sums["loss"].item() == 1.0
+    copies = []
+    original = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(a) or original(self, *a, **k))
+    sums = {}
+    add_applied(sums, {"tokens": torch.tensor(7), "loss": torch.tensor(0.5, device="meta")},
+                torch.tensor(True, device="meta"))
+    assert not copies and {v.device.type for v in sums.values()} == {"meta"}
 
 
 @pytest.mark.parametrize("micro_batches, where", [(1, "loss"), (2, "grad")])
@@ -308,8 +326,9 @@ def test_missing_data_directory_says_how_to_make_one(tmp_path, capsys):
 # --- metrics -------------------------------------------------------------------------------------
 
 def test_flops_follow_the_paper_count(tmp_path):
-    """6 FLOPs per matrix parameter per byte position (byte level) and per token slot (token level),
-    cumulative; slots are what was computed (B x the padded token length), real tokens fewer."""
+    """6 FLOPs per matrix parameter per byte position (byte level) and per token (token level, whose
+    matrices run on the real tokens only), cumulative; the padding fraction is that of the attention's
+    padded layout (B x the padded token length)."""
     trainer = tiny_trainer(tmp_path / "run", training_bytes=3 * 4 * 64, log_every=1, micro_batches=2)
     slots, tokens = [], []
     real_step = trainer.train_step
@@ -323,9 +342,9 @@ def test_flops_follow_the_paper_count(tmp_path):
     trainer.train()
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     p = trainer.model.matrix_params()
-    expected = np.cumsum([6 * (p["byte"] * 4 * 64 + p["token"] * s) for s in slots])
+    expected = np.cumsum([6 * (p["byte"] * 4 * 64 + p["token"] * t) for t in tokens])
     assert [r["flops"] for r in rows] == [int(x) for x in expected]
-    assert all(t <= s for t, s in zip(tokens, slots))
+    assert all(t <= s for t, s in zip(tokens, slots)) and tokens != slots
     assert [r["padding_fraction"] for r in rows] == pytest.approx([1 - t / s for t, s in zip(tokens, slots)])
 
 

@@ -94,15 +94,11 @@ class HNetChunking(BoundaryStrategy):
         conf = torch.where(a, p, 1 - p)  # c_t
         return Boundaries(a=a, probs=p, extras={"confidence": conf})
 
-    def pool(self, hidden: torch.Tensor, bnd: Boundaries, tok_pos: torch.Tensor) -> torch.Tensor:
-        bnd.extras["token_probs"] = bnd.probs.gather(1, tok_pos)  # P_k, (B, M), for the smoothing
-        return super().pool(hidden, bnd, tok_pos)
-
     def unpool(self, hidden: torch.Tensor, tokens: torch.Tensor, bnd: Boundaries, tok_index: torch.Tensor) -> torch.Tensor:
-        P = bnd.extras.get("token_probs")
-        if P is None:  # `pool` was not called with these boundaries: recover P_k from a
-            from ..model.resample import boundary_positions
-            P = bnd.probs.gather(1, boundary_positions(bnd.a, multiple=tokens.shape[1])[0])  # (B, M)
+        # P_k: the boundary probability at token k's byte (padding slots, after every token, get 0)
+        M = tokens.shape[1]
+        slot = torch.where(bnd.a, tok_index, torch.full_like(tok_index, M))  # non-boundaries: a spare slot
+        P = bnd.probs.new_zeros(bnd.probs.shape[0], M + 1).scatter(1, slot, bnd.probs)[:, :M]  # (B, M)
         smoothed = ema_chunked(tokens, P.clamp(P_MIN, 1 - P_MIN))  # (B, M, C)
         conf = bnd.extras["confidence"]
         ste = 1.0 + (conf - conf.detach())  # exactly 1, gradient of the confidence

@@ -3,7 +3,8 @@ integer positions, attention-logit softcap. Two attention patterns: a sliding wi
 full causal attention over tokens, each with two kernels: `blocked` (plain PyTorch; the sliding window
 in blocks of W queries against 2W keys) and `flex` (FlexAttention: the softcap as a score modification,
 the pattern as a block mask; compiled on CUDA). Both follow one window convention: query q sees keys
-q - W < k <= q."""
+q - W < k <= q. A stack whose rows are padded at the end (the token level) can run packed (`Packed`):
+everything but the attention pattern on the real positions only."""
 
 from __future__ import annotations
 
@@ -149,6 +150,25 @@ def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
     return _attend(q, k, v, mask, cap)
 
 
+class Packed:
+    """The N real positions of a padded (B, M) layout, gathered into (N, ...): the token level runs its
+    norms, projections and MLPs on real tokens only (rows end with different numbers of tokens), and
+    spreads q, k, v back into rows for attention, which needs each row's tokens in order."""
+
+    def __init__(self, real: torch.Tensor, rows: int, length: int):
+        self.real = real  # (N,) flat indices b * M + m, as `resample.TokenSlots.real`
+        self.rows, self.length = rows, length
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, M, ...) -> (N, ...)."""
+        return x.flatten(0, 1).index_select(0, self.real)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, M, ...), zeros at the padding."""
+        flat = x.new_zeros((self.rows * self.length, *x.shape[1:])).index_copy(0, self.real, x)
+        return flat.view(self.rows, self.length, *x.shape[1:])
+
+
 @dataclass
 class KVCache:
     """Keys (RoPE applied) and values of one attention layer for incremental inference, (B, H, S, hd).
@@ -188,15 +208,22 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k, v (B, H, T, hd) with RoPE applied to q and k."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, hd)
+        return self._heads(self.qkv(x), cos, sin)
+
+    def _heads(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        B, T, _ = qkv.shape
+        q, k, v = qkv.view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, hd)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return self._mix(*self.project(x, cos, sin))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packed: Packed | None = None) -> torch.Tensor:
+        """x (B, T, C), or (N, C) real positions of the layout `packed` (cos, sin are the padded layout's)."""
+        if packed is None:
+            return self.out(self._pattern(*self.project(x, cos, sin)))
+        y = self._pattern(*self._heads(packed.unpack(self.qkv(x)), cos, sin))  # (B, M, C)
+        return self.out(packed.pack(y))
 
-    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """This layer's attention pattern over (B, H, T, hd), then the output projection -> (B, T, C)."""
+    def _pattern(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """This layer's attention pattern over (B, H, T, hd) -> (B, T, H * hd), before the output projection."""
         B, H, T, hd = q.shape
         if self.kernel == "flex":
             y = flex_attention(q, k, v, self.window, self.cap)
@@ -204,14 +231,14 @@ class Attention(nn.Module):
             y = causal_attention(q, k, v, self.cap)
         else:
             y = sliding_window_attention(q, k, v, self.window, self.cap)
-        return self.out(y.transpose(1, 2).reshape(B, T, H * hd))
+        return y.transpose(1, 2).reshape(B, T, H * hd)
 
     # --- incremental inference: `prefill` is `forward` that also fills the cache, `step` adds one position
 
     def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache") -> torch.Tensor:
         q, k, v = self.project(x, cos, sin)
         cache.write_prompt(k, v)
-        return self._mix(q, k, v)
+        return self.out(self._pattern(q, k, v))
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", slot: torch.Tensor,
              visible: torch.Tensor) -> torch.Tensor:
@@ -249,8 +276,8 @@ class Block(nn.Module):
         self.mlp = GeGLU(d_model, mlp_hidden)
         self.post_mlp_norm = RMSNorm(d_model)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), cos, sin))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packed: Packed | None = None) -> torch.Tensor:
+        x = x + self.post_attn_norm(self.attn(self.pre_attn_norm(x), cos, sin, packed))
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
     def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -273,12 +300,20 @@ class Stack(nn.Module):
         self.rope_theta = rope_theta
         self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, window, attn_cap) for _ in range(n_layers))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x (B, T, C), positions (B, T) int64."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C), positions (B, T) int64. `real` (N,): the flat indices of the real positions when
+        rows are padded at the end (the token level): then all but attention runs on those N only, and
+        the padding positions of the output are zeros."""
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        if real is None:
+            for block in self.blocks:
+                x = block(x, cos, sin)
+            return x
+        packed = Packed(real, x.shape[0], x.shape[1])
+        h = packed.pack(x)  # (N, C)
         for block in self.blocks:
-            x = block(x, cos, sin)
-        return x
+            h = block(h, cos, sin, packed)
+        return packed.unpack(h)
 
     def n_matrix_params(self) -> int:
         """Parameters of the weight matrices (norm gains excluded), for FLOPs accounting."""

@@ -40,6 +40,7 @@ class UNetOutput:
     boundaries: Boundaries  # the strategy's decisions, a (B, T) bool
     tok_pos: torch.Tensor  # (B, M) byte position of each token (padded slots point at T - 1)
     tok_valid: torch.Tensor  # (B, M) bool: real tokens
+    tok_real: torch.Tensor  # (N,) flat indices of the real token slots (N tokens, a number the host knows)
     forced: torch.Tensor  # (B, T) bool: boundaries that were not the strategy's choice
 
 
@@ -140,12 +141,15 @@ class ByteUNet(nn.Module):
         bnd = self.boundaries(BoundaryInput(hidden, inputs, valid, forced, supplied, generator, prescribed, uniforms,
                                             early_logits))
 
-        tok_pos, tok_valid = resample.boundary_positions(bnd.a, self.cfg.token_multiple)  # (B, M)
-        tokens = self.boundaries.pool(hidden, bnd, tok_pos)  # (B, M, C)
-        tokens = self.mid(tokens, tok_pos)  # RoPE at the boundaries' byte positions
+        slots = resample.boundary_positions(bnd.a, self.cfg.token_multiple)  # (B, M) slots, N real
+        tokens = self.boundaries.pool(hidden, bnd, slots.pos)  # (B, M, C)
+        # M and N change from batch to batch: a compiled token level is traced for any (train.compile)
+        torch._dynamo.maybe_mark_dynamic(tokens, 1)
+        torch._dynamo.maybe_mark_dynamic(slots.real, 0)
+        tokens = self.mid(tokens, slots.pos, real=slots.real)  # RoPE at the boundaries' byte positions
         y = self.boundaries.unpool(hidden, tokens, bnd, resample.token_index(bnd.a))  # (B, T, C)
         y = self.decoder(y, positions)
-        return UNetOutput(self.head(y), early_logits, bnd, tok_pos, tok_valid, forced)
+        return UNetOutput(self.head(y), early_logits, bnd, slots.pos, slots.valid, slots.real, forced)
 
     # --- objective -------------------------------------------------------------------------------
 
@@ -172,8 +176,8 @@ class ByteUNet(nn.Module):
             "bpb": loss_auto.detach() / LN2,
             "early_bpb": loss_early.detach() / LN2,
             "boundary_rate": masked_mean(out.boundaries.a.float(), real),
-            "tokens": out.tok_valid.sum(),
-            "token_slots": torch.tensor(out.tok_pos.numel()),
+            "tokens": torch.tensor(out.tok_real.numel()),  # what the token level's matrices ran on
+            "token_slots": torch.tensor(out.tok_pos.numel()),  # its attention's padded layout
             "bytes": valid.sum(),
         }
         metrics.update({f"loss_{k}": v.detach() for k, (_, v) in aux.items()})
@@ -212,7 +216,7 @@ class ByteUNet(nn.Module):
             steps.append(st)
             pooled.append(self.boundaries.pool_step(hidden[:, j], st, cache.boundaries))
         a = torch.stack([st.a for st in steps], dim=1)  # (B, T)
-        tok_pos, tok_valid = resample.boundary_positions(a)  # (B, M)
+        tok_pos, tok_valid, _ = resample.boundary_positions(a)  # (B, M)
         tokens = resample.downsample(torch.stack(pooled, dim=1), tok_pos)  # (B, M, C)
         tokens = self.mid.prefill(tokens, tok_pos, cache.mid, lengths=tok_valid.sum(1))
         per_byte = resample.upsample(torch.zeros_like(hidden), tokens, resample.token_index(a))  # (B, T, C): Y'_{c(j)}

@@ -121,7 +121,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         sums["nll"] += nll.detach()
         sums["nll_early"] += nll_early.detach()
         sums["boundaries"] += (out.boundaries.a & real).sum()
-        sums["tokens"] += out.tok_valid.sum()
+        sums["tokens"] += out.tok_real.numel()
         sums["token_slots"] += out.tok_pos.numel()
         kept.append(_Kept(mb.inputs, None if recompute_encoder else hidden, h, out.boundaries, loss_inputs,
                           mb.inputs.shape[0]))

@@ -15,11 +15,13 @@ averaged over the applied steps since the previous line, plus
   step, bytes          optimizer steps and byte positions (padding included) consumed so far;
   flops                cumulative training FLOPs as in paper §4.2: 6 per matrix parameter per byte for
                        the byte-level layers (encoder, decoder, heads, boundary predictor) and per token
-                       slot for the token-level layers; embeddings and attention scores are not counted.
-                       Token slots are the token positions computed, B x M per (micro-)batch, M being the
-                       longest token sequence rounded up to `model.token_multiple` (the paper: "variations
-                       in the max token sequence length in the batch"); `padding_fraction` is the share of
-                       slots that held no real token;
+                       for the token-level layers; embeddings and attention scores are not counted. The
+                       token level runs its matrices on the real tokens only (packed), so no padding is
+                       counted: the paper counted padded slots ("variations in the max token sequence
+                       length in the batch"), which charged strategies whose rows vary more;
+  padding_fraction     the share of the token-level attention's padded layout (B x M slots per
+                       (micro-)batch, M the longest row's token count rounded up to
+                       `model.token_multiple`) that held no token: attention alone still pays for it;
   skipped_steps        steps skipped so far because their loss or gradients were not finite;
   bytes_per_s          throughput over the window (the only field that varies between identical runs);
   val_*                held-out metrics, every `eval_every` steps and at the end.
@@ -197,6 +199,16 @@ def _concat_batches(batches: list[Batch], rows: int) -> list[Batch]:
     return [Batch(*(None if f is None else f[lo: lo + rows] for f in fields)) for lo in range(0, n, rows)]
 
 
+def add_applied(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], applied: torch.Tensor) -> None:
+    """sums[k] += metrics[k] where the step was applied, on the device of `applied`, without waiting for
+    it: metrics the host knows (token counts, the learning rate) enter as numbers, because copying a
+    host tensor to a GPU waits for the GPU's queue to drain."""
+    for k, v in metrics.items():
+        v = v.detach().float()
+        v = torch.where(applied, v.item() if v.device != applied.device else v, 0.0)
+        sums[k] = sums[k] + v if k in sums else v
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a metrics.jsonl; a last line cut short by a kill is ignored."""
     rows = []
@@ -244,7 +256,7 @@ class Trainer:
         self.step = 0
         self.bytes_seen = 0
         self.flops = 0
-        self._pending_slots = torch.zeros((), dtype=torch.float64, device=self.device)  # see `_settle_flops`
+        self._pending_tokens = torch.zeros((), dtype=torch.float64, device=self.device)  # see `_settle_flops`
         # skipped steps, counted on the device: in a row now, the longest run since the last check, in all
         self._bad = torch.zeros(3, dtype=torch.long, device=self.device)
         self.bytes_per_step = t.batch_size * t.seq_len
@@ -295,12 +307,12 @@ class Trainer:
         return int(self._bad[2])
 
     def _settle_flops(self) -> None:
-        """Add the token slots summed over ranks since the last call to `flops` (with several ranks each
-        rank knows only its own slots until a reduction; they are reduced at log lines and checkpoints)."""
+        """Add the tokens summed over ranks since the last call to `flops` (with several ranks each rank
+        knows only its own tokens until a reduction; they are reduced at log lines and checkpoints)."""
         if self.dist.enabled:
-            self.dist.all_reduce(self._pending_slots)
-            self.flops += self.model.flops(0, int(self._pending_slots))
-            self._pending_slots.zero_()
+            self.dist.all_reduce(self._pending_tokens)
+            self.flops += self.model.flops(0, int(self._pending_tokens))
+            self._pending_tokens.zero_()
 
     def _check_bad_steps(self) -> None:
         worst = int(self._bad[1])
@@ -459,8 +471,9 @@ class Trainer:
         and optimizer state unchanged) and counted; `train` stops the run at the next log line once
         `max_bad_steps` steps in a row were skipped.
 
-        No host sync: the finiteness test and the skip happen on the device. (The model itself reads one
-        number, the longest token sequence of the batch, to size the token level: `boundary_positions`.)"""
+        No host sync: the finiteness test and the skip happen on the device. (The model itself reads two
+        numbers at once, the longest row's and the batch's token counts, to size the token level:
+        `boundary_positions`.)"""
         t = self.cfg.train
         lr = lr_at(self.bytes_seen, t)
         for group in self.optimizer.param_groups:
@@ -478,13 +491,13 @@ class Trainer:
                 metrics = accumulate_gradients(self.model, batch, t.micro_batches, uniforms=uniforms,
                                                generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
                                                totals=totals, reduce=self.dist.sum_dict if totals else None)
-        # token slots are known on the host (the model sized its token level with them)
-        slots = int(metrics["token_slots"])
+        # the token count is known on the host (the model sized its token level with it)
+        tokens = int(metrics["tokens"])
         if not self.dist.enabled:
             # clipped once, on the gradient of the whole batch (not per micro-batch: DESIGN.md §5)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
-            self.flops += self.model.flops(int(batch.inputs.numel()), slots)
+            self.flops += self.model.flops(int(batch.inputs.numel()), tokens)
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
@@ -498,7 +511,7 @@ class Trainer:
             else:  # the gradients are the global batch's on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0)
-            self._pending_slots += slots  # this rank's; summed over ranks by `_settle_flops`
+            self._pending_tokens += tokens  # this rank's; summed over ranks by `_settle_flops`
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~ok).float()  # the fused AdamW kernel skips the whole update when 1
         self.optimizer.step()
@@ -543,10 +556,7 @@ class Trainer:
             while self.step < self.total_steps:
                 metrics = self.train_step(self.data.train.next_batch())
                 applied = metrics.pop("applied")
-                sums = self._window["sums"]
-                for k, v in metrics.items():  # summed on the device over the applied steps, read at log lines
-                    v = torch.where(applied, v.detach().float().to(self.device), 0.0)
-                    sums[k] = sums[k] + v if k in sums else v
+                add_applied(self._window["sums"], metrics, applied)
                 self._window["n"] = self._window["n"] + applied.long()
                 if bar is not None:
                     bar.update(1)
