@@ -31,13 +31,20 @@ def make_model(name="learned", seed=0, **extra):
     with torch.no_grad():  # a policy far from uniform, so that boundaries depend on the bytes
         for p in model.boundaries.parameters():
             p.normal_(std=1.0)
+        if name == "entropy":  # the entropy rule itself (not the uniform fallback), at its median score
+            model.boundaries.active.fill_(True)
+            model.early_head.proj.weight.normal_(std=0.5)  # entropies that differ from byte to byte
+            score = model(random_inputs(2, 64, seed=9)).boundaries.extras["score"]
+            model.boundaries.threshold.fill_(float(score.median()))
     return model
 
 
 # learned with the paper's lags, then every other registered strategy: those that do not implement
 # `step` yet are skipped, and are tested the day they do
 GENERATING = [pytest.param("learned", {"lags": w}, id=f"learned-w{w}") for w in (0, 1, 8)] + [
-    pytest.param(name, {}, id=name) for name in sorted(STRATEGIES) if name != "learned"]
+    pytest.param(name, {}, id=name) for name in sorted(STRATEGIES) if name != "learned"] + [
+    pytest.param("entropy", {"entropy_mode": "monotonic"}, id="entropy-monotonic"),
+    pytest.param("entropy", {"entropy_source": "own"}, id="entropy-own")]
 
 
 def generating_model(name, extra):

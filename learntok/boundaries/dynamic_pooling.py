@@ -33,13 +33,14 @@ Boundaries are sampled in evaluation too, as in Nawrot's code.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..config import BoundaryConfig, ConfigError
 from ..objectives import masked_mean
-from .base import Boundaries, BoundaryInput, BoundaryStrategy, LossInputs
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
 
 _EPS = 1e-6  # keeps log u and log(1 - u) finite
 
@@ -48,6 +49,14 @@ def binomial_log_pmf(k: torch.Tensor, n: torch.Tensor, p: float) -> torch.Tensor
     """log Binomial(n, p).pmf(k) for real-valued k (the straight-through count), via lgamma."""
     return (torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
             + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+@dataclass
+class PoolingCache:
+    """The open segment of each row in generation: the sum and count of its bytes so far."""
+
+    total: torch.Tensor  # (B, C)
+    count: torch.Tensor  # (B,)
 
 
 class DynamicPooling(BoundaryStrategy):
@@ -62,13 +71,15 @@ class DynamicPooling(BoundaryStrategy):
         self.predictor = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, 1))
         self.offset = math.log(cfg.target_rate / (1 - cfg.target_rate))
 
-    def forward(self, inp: BoundaryInput) -> Boundaries:
-        logits = self.predictor(inp.hidden).squeeze(-1).float() + self.offset  # (B, T)
-        u = inp.uniforms
-        if u is None:
-            u = torch.rand(logits.shape, generator=inp.generator, device=logits.device)
+    def _relaxed(self, hidden: torch.Tensor, uniforms, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The predictor's logits l and the relaxed sample soft, (B, T) or (B,)."""
+        logits = self.predictor(hidden).squeeze(-1).float() + self.offset
+        u = uniforms if uniforms is not None else torch.rand(logits.shape, generator=generator, device=logits.device)
         u = u.float().clamp(_EPS, 1 - _EPS)
-        soft = torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.cfg.dp_temperature)
+        return logits, torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.cfg.dp_temperature)
+
+    def forward(self, inp: BoundaryInput) -> Boundaries:
+        logits, soft = self._relaxed(inp.hidden, inp.uniforms, inp.generator)  # (B, T)
         hard = inp.prescribed.bool() if inp.prescribed is not None else soft > 0.5
         a = (hard & inp.valid) | inp.forced
         # straight-through boundaries: value a_i exactly, gradient of the relaxed sample; constants where forced
@@ -92,6 +103,25 @@ class DynamicPooling(BoundaryStrategy):
         sizes = hidden.new_zeros(B, M + 1).scatter_add(1, seg, w)  # (B, M + 1)
         # empty (padding) slots have size 0 and sum 0: clamp keeps them 0, not NaN
         return sums[:, :M] / sizes[:, :M, None].clamp(min=1.0)
+
+    # --- generation: one decision per byte, the segment mean kept as a running sum -----------------
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> PoolingCache:
+        return PoolingCache(torch.zeros(batch_size, self.d_model, device=device), torch.zeros(batch_size, device=device))
+
+    def step(self, inp: BoundaryStepInput, cache: PoolingCache) -> BoundaryStep:
+        logits, soft = self._relaxed(inp.hidden, inp.uniforms, inp.generator)  # (B,)
+        hard = inp.prescribed.bool() if inp.prescribed is not None else soft > 0.5
+        a = hard | inp.forced
+        return BoundaryStep(a=a, probs=torch.sigmoid(logits).masked_fill(inp.forced, 1.0))
+
+    def pool_step(self, hidden: torch.Tensor, bnd: BoundaryStep, cache: PoolingCache) -> torch.Tensor:
+        """The mean of the bytes since the last boundary, this one included; a boundary closes the segment."""
+        total, count = cache.total + hidden.float(), cache.count + 1
+        token = total / count[:, None]
+        cache.total = torch.where(bnd.a[:, None], torch.zeros_like(total), total)
+        cache.count = torch.where(bnd.a, torch.zeros_like(count), count)
+        return token.to(hidden.dtype)
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         real = bnd.extras["real"]

@@ -47,15 +47,17 @@ never changes state, so evaluation and the causality test are pure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import BoundaryConfig, ConfigError
 from ..data.batch import BOS, VOCAB_SIZE
-from ..model.layers import RMSNorm, Stack
+from ..model.layers import RMSNorm, Stack, StackCache
 from ..objectives import masked_mean
-from .base import Boundaries, BoundaryInput, BoundaryStrategy, LossInputs
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
 from .uniform import uniform_boundaries
 
 MODES = ("global", "monotonic")
@@ -86,6 +88,21 @@ class ByteEntropyModel(nn.Module):
         positions = torch.arange(T, device=x.device).expand(B, T)
         h = self.blocks(self.embed(x) * self.embed.embedding_dim ** 0.5, positions)
         return self.head(self.norm(h)).float()
+
+    def step(self, byte: torch.Tensor, position: int, cache: StackCache) -> torch.Tensor:
+        """One more byte per row, (B,) at `position` -> (B, V) logits of the byte after it."""
+        positions = torch.full((byte.shape[0], 1), position, dtype=torch.long, device=byte.device)
+        h = self.blocks.step(self.embed(byte[:, None]) * self.embed.embedding_dim ** 0.5, positions, cache)
+        return self.head(self.norm(h))[:, 0].float()
+
+
+@dataclass
+class EntropyCache:
+    """What generation carries from byte to byte."""
+
+    pattern: torch.Tensor  # (max_len,) the uniform boundaries used until the threshold is calibrated
+    previous: torch.Tensor  # (B,) H_{j-1}, for the monotonic constraint (0 before the first byte)
+    own: StackCache | None  # the own entropy model's key/value caches
 
 
 class EntropyPatching(BoundaryStrategy):
@@ -133,6 +150,26 @@ class EntropyPatching(BoundaryStrategy):
         a = (a & inp.valid) | inp.forced
         extras.update(score=score.detach(), entropy=H.detach())
         return Boundaries(a=a, probs=a.float(), extras=extras)
+
+    # --- generation: H_j from the early-exit logits at j (or the own model, stepped), the same rule --
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> EntropyCache:
+        own = None if self.own is None else self.own.blocks.allocate_inference_cache(batch_size, max_len, device)
+        return EntropyCache(uniform_boundaries(max_len, self.cfg.target_rate, device),
+                            torch.zeros(batch_size, device=device), own)
+
+    def step(self, inp: BoundaryStepInput, cache: EntropyCache) -> BoundaryStep:
+        if self.own is not None:
+            logits = self.own.step(inp.byte, inp.position, cache.own)
+        elif inp.early_logits is not None:
+            logits = inp.early_logits
+        else:
+            raise ValueError("entropy_source=early needs the early-exit logits (BoundaryStepInput.early_logits)")
+        H = next_byte_entropy(logits)  # (B,)
+        score = H - cache.previous if self.cfg.entropy_mode == "monotonic" else H
+        cache.previous = H
+        a = torch.where(self.active, score > self.threshold, cache.pattern[inp.position]) | inp.forced
+        return BoundaryStep(a=a, probs=a.float())
 
     @torch.no_grad()
     def calibrate(self, score: torch.Tensor, decide: torch.Tensor, n_forced: int, n_real: int) -> None:

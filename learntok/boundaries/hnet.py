@@ -29,13 +29,15 @@ tokens (a matmul each, with a sequential carry between chunks) instead of the Ma
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import BoundaryConfig
 from ..objectives import masked_mean
-from .base import Boundaries, BoundaryInput, BoundaryStrategy, LossInputs
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
 
 P_MIN = 1e-4  # H-Net clamps the smoothing probabilities to [1e-4, 1 - 1e-4]
 EMA_CHUNK = 64
@@ -75,6 +77,14 @@ def ema_chunked(z: torch.Tensor, P: torch.Tensor, chunk: int = EMA_CHUNK) -> tor
     return torch.cat(out, dim=1)[:, :M]
 
 
+@dataclass
+class HNetCache:
+    """What generation carries from byte to byte, per row."""
+
+    query: torch.Tensor  # (B, C) normalised W_q X_{j-1}, what p_j compares X_j with
+    smoothed: torch.Tensor  # (B, C) zbar of the latest token, what every byte until the next boundary reads
+
+
 class HNetChunking(BoundaryStrategy):
     name = "hnet"
 
@@ -104,6 +114,28 @@ class HNetChunking(BoundaryStrategy):
         ste = 1.0 + (conf - conf.detach())  # exactly 1, gradient of the confidence
         C = hidden.shape[-1]
         return hidden + smoothed.gather(1, tok_index[..., None].expand(-1, -1, C)) * ste[..., None].to(hidden.dtype)
+
+    # --- generation: p_j from X_{j-1} and X_j, the EMA one token at a time -------------------------
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> HNetCache:
+        zeros = torch.zeros(batch_size, self.d_model, device=device)
+        return HNetCache(query=zeros, smoothed=zeros.clone())
+
+    def step(self, inp: BoundaryStepInput, cache: HNetCache) -> BoundaryStep:
+        h = inp.hidden.float()
+        k = F.normalize(h @ self.w_k.T, dim=-1)
+        p = ((1 - (cache.query * k).sum(-1)) / 2).clamp(0.0, 1.0)
+        p = p.masked_fill(inp.forced | (inp.position == 0), 1.0)
+        b = inp.prescribed.bool() if inp.prescribed is not None else p >= 0.5
+        a = b | inp.forced
+        cache.query = F.normalize(h @ self.w_q.T, dim=-1)
+        return BoundaryStep(a=a, probs=p)
+
+    def unpool_step(self, hidden: torch.Tensor, token: torch.Tensor, bnd: BoundaryStep, cache: HNetCache) -> torch.Tensor:
+        P = bnd.probs.clamp(P_MIN, 1 - P_MIN)[:, None]
+        new = P * token.float() + (1 - P) * cache.smoothed
+        cache.smoothed = torch.where(bnd.a[:, None], new, cache.smoothed)
+        return hidden + cache.smoothed.to(hidden.dtype)  # STE(c) is 1 in value
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         decide = inp.valid & ~inp.forced
