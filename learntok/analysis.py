@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .data.batch import BOS, PAD, Batch
+from .data.batch import PAD, Batch
 
 WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 
@@ -136,32 +136,6 @@ def word_boundaries(inputs: torch.Tensor) -> torch.Tensor:
     """(B, T) bool: the first space-like byte after each word (SpaceByte's rule; see the module docstring)."""
     from .boundaries.whitespace import whitespace_boundaries
     return whitespace_boundaries(inputs)
-
-
-def bpe_boundaries(inputs: torch.Tensor, segmenter, shift: int = 1) -> torch.Tensor:
-    """(B, T) bool: the BPE reference of a batch's inputs, each document piece of each row (the bytes
-    between BOS symbols, up to the first PAD) segmented on its own by `segmenter`
-    (`learntok.data.bpe.BpeSegmenter`), token ends shifted right by `shift` bytes. A piece cut by the
-    row's window is segmented as it stands, so tokens at the cut can differ from the whole document's."""
-    from .data.bpe import token_ends_to_boundaries
-
-    rows = inputs.cpu().tolist()
-    spans, docs = [], []  # (row, start column) and bytes of every piece
-    for r, row in enumerate(rows):
-        start = 0
-        for j, v in enumerate(row + [BOS]):
-            if v >= 256:  # BOS, PAD or the end: close the piece
-                if j > start:
-                    spans.append((r, start))
-                    docs.append(bytes(row[start:j]))
-                if v == PAD:
-                    break
-                start = j + 1
-    out = torch.zeros(inputs.shape, dtype=torch.bool)
-    for (r, start), doc, ends in zip(spans, docs, segmenter.token_ends(docs) if docs else []):
-        marks = torch.from_numpy(token_ends_to_boundaries(ends, len(doc), shift))
-        out[r, start:start + len(doc)] = marks
-    return out.to(inputs.device)
 
 
 # --- token lengths -------------------------------------------------------------------------------
@@ -302,7 +276,7 @@ def analyse(model, batches: Sequence[Batch], *, bpe_reference: Sequence[torch.Te
             max_len: int = 16) -> BoundaryReport:
     """Run `model` (a `ByteUNet`, in eval mode, boundaries sampled with seeds `seed`, `seed + 1`, ...)
     over `batches` and measure its boundaries. `bpe_reference`: per batch, the (B, T) BPE boundaries to
-    compare with (e.g. `bpe_boundaries(batch.inputs, segmenter)`, or a dataset's `bpe` track); None
+    compare with (e.g. `learntok.data.bpe.bpe_boundaries(batch.inputs, segmenter)`, or a dataset's `bpe` track); None
     leaves BPE agreement out. The enrichment threshold is the quantile of all counted positions of all
     batches and samples."""
     if surprisal not in ("early", "final"):

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from .analysis import bpe_boundaries
+from .data.bpe import bpe_boundaries
 from .config import RunConfig, load_config, to_dict
 from .train.trainer import Trainer, build_model, evaluate, make_data, read_metrics
 

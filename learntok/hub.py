@@ -4,6 +4,7 @@
                        the format version, and what is known of the training (bytes, held-out bpb)
     model.safetensors  the weights (no pickle)
     README.md          a generated model card
+    bpe_tokenizer.json (`bpe` models) the tokenizer behind the boundaries, to segment new text
 
 the layout `huggingface_hub.PyTorchModelHubMixin` writes, without making `huggingface_hub` a
 dependency: it is needed only to download from or upload to the Hub (`pip install learntok[hub]`).
@@ -32,12 +33,14 @@ import torch
 from safetensors.torch import save_file
 
 from . import __version__
+from .boundaries import STRATEGIES
 from .config import ConfigError, RunConfig, from_dict, to_dict
 from .train import checkpoint as ckpt_io
 
 FORMAT_VERSION = 1  # of config.json + model.safetensors; bump when either changes meaning
 MODEL_TYPE = "learntok-byte-unet"
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
+STRATEGY_FILES = sorted({f for cls in STRATEGIES.values() for f in cls.files})  # `BoundaryStrategy.save_files`
 _CONFIG_SECTIONS = ("model", "boundaries", "train", "data")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -90,6 +93,7 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
     _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
         weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION)}))
     _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
+    model.boundaries.save_files(directory)  # what the strategy needs beyond its weights (a BPE tokenizer)
     card = directory / CARD_NAME
     if overwrite_card or not card.exists():
         _write_atomic(card, lambda p: p.write_text(model_card(meta)))
@@ -253,6 +257,7 @@ def load_directory(directory: str | Path, device: str | torch.device = "cpu", so
         if not weights.exists():
             raise ModelLoadError(f"{weights}: missing; a model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}") from None
         raise ModelLoadError(f"{directory}: {CONFIG_NAME} and {WEIGHTS_NAME} do not match: {e}") from None
+    model.boundaries.load_files(directory)
     model.info = ModelInfo(cfg, dict(meta.get("training") or {}), source or str(directory),
                            run_known=isinstance(meta.get("train"), dict))
     return model.to(device).eval()
@@ -294,7 +299,7 @@ def _download(repo_id: str, revision, token, cache_dir, local_files_only) -> Pat
     hub = _hub()
     try:
         local = hub.snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
-                                      local_files_only=local_files_only, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME],
+                                      local_files_only=local_files_only, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *STRATEGY_FILES],
                                       library_name="learntok", library_version=__version__)
     except Exception as e:  # not found, no network, no access: say which and keep the original error chained
         raise ModelLoadError(f"{repo_id}: no local directory of that name, and downloading it from the Hugging Face "

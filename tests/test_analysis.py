@@ -17,12 +17,12 @@ from learntok.analysis import (
     analyse,
     boundary_agreement,
     boundary_enrichment,
-    bpe_boundaries,
     token_lengths,
     whitespace_alignment,
     word_boundaries,
 )
 from learntok.data.batch import BOS, PAD, Batch
+from learntok.data.bpe import bpe_boundaries
 from learntok.model.unet import ByteUNet
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 
 import numpy as np
 import pytest
@@ -174,3 +175,62 @@ def test_strategy_reads_the_supplied_boundaries():
     assert out.boundaries.a[0].tolist() == [True] + [bool(b) for b in SHIFTED]
     with pytest.raises(ValueError, match="takes its boundaries from the data"):
         model(inputs)
+
+
+def test_a_model_with_its_tokenizer_segments_new_text_as_the_pipeline_does():
+    """Text that comes without boundaries (scoring, evaluation) is segmented by the model's own tokenizer:
+    each document piece of a row on its own, shifted, exactly the boundaries the data pipeline supplies."""
+    from learntok.data.batch import PAD
+    from learntok.model.unet import ByteUNet
+
+    from conftest import tiny_config
+    cfg = tiny_config(name="bpe")
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    model.boundaries.segmenter = example_segmenter()
+    second = b" tokenization"
+    inputs = torch.tensor([[BOS, *EXAMPLE, PAD], [BOS, *b"hello", BOS, *second]])
+    bits = example_segmenter().boundaries([b"hello", second])
+    supplied = torch.zeros(inputs.shape, dtype=torch.bool)
+    supplied[0, 1:19] = torch.tensor(SHIFTED, dtype=torch.bool)  # appendix D.1's worked example
+    supplied[1, 1:6] = torch.from_numpy(bits[0])
+    supplied[1, 7:] = torch.from_numpy(bits[1])
+    assert supplied[1].nonzero().flatten().tolist() == [7 + 6]  # " token" ends: shown at "i"
+    own = model(inputs)
+    given = model(inputs, supplied=supplied)
+    assert torch.equal(own.boundaries.a, given.boundaries.a) and torch.equal(own.logits, given.logits)
+
+
+def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path):
+    from learntok.data.bpe import stream_boundaries
+    from learntok.eval.scorer import UNetScorer
+    from learntok.generation import generate
+    from learntok.hub import from_pretrained, save_pretrained
+    from learntok.train import checkpoint as ckpt_io
+    from learntok.train.trainer import DataSources, Trainer
+
+    from conftest import tiny_config
+    cfg = tiny_config(name="bpe")
+    for k, v in dict(training_bytes=2 * 4 * 64, warmup_bytes=100, checkpoint_every=2, log_every=1,
+                     tensorboard=False, threads=1).items():
+        setattr(cfg.train, k, v)
+    seg = example_segmenter()
+    text = (EXAMPLE + b" hello tokenization, hello.\n\n") * 40
+    bits = stream_boundaries(seg, text)
+    data = DataSources(StreamBatches(text, 64, 4, seed=0, boundaries=bits),
+                       stream_eval_batches(text, 64, 4, 1, boundaries=bits), "example text", seg)
+    Trainer(cfg, tmp_path / "run", progress=False, data=data).train()
+    ckpt = ckpt_io.latest_checkpoint(tmp_path / "run")
+    assert "bpe_tokenizer.json" in ckpt_io.read_state(ckpt)["files"]  # checksummed with the weights
+
+    pair = [(b"", b"hello tokenization, hello tokenization")]
+    scored = UNetScorer.from_run(tmp_path / "run").score(pair)[0]
+    assert math.isfinite(scored.bpb)
+    save_pretrained(from_pretrained(tmp_path / "run"), tmp_path / "model")
+    again = UNetScorer(from_pretrained(tmp_path / "model"), max_len=64).score(pair)[0]
+    assert again.bpb == pytest.approx(scored.bpb, abs=1e-6)
+    # a model without its tokenizer says what is missing; generation says why it cannot be
+    (tmp_path / "model" / "bpe_tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="no tokenizer to segment new text"):
+        UNetScorer(from_pretrained(tmp_path / "model"), max_len=64)
+    with pytest.raises(NotImplementedError, match="cannot generate"):
+        generate(from_pretrained(tmp_path / "run"), "hello", max_bytes=3, seed=0)

@@ -19,6 +19,7 @@ Generation (optional): a strategy that can decide boundaries one byte at a time 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -128,6 +129,16 @@ class BoundaryStrategy(nn.Module):
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         """Extra per-step metrics (detached scalars); logged at log steps only."""
         return {}
+
+    # --- files beside the weights (checkpoints, model directories) ---------------------------------
+
+    files: tuple[str, ...] = ()  # what `save_files` writes, by name (the Hub download asks for them)
+
+    def save_files(self, directory: Path) -> None:
+        """Write what the strategy needs beyond its tensors (the BPE tokenizer) into `directory`."""
+
+    def load_files(self, directory: Path) -> None:
+        """Read what `save_files` wrote, where it is there."""
 
     # --- incremental inference (generation) ------------------------------------------------------
     # The U-Net calls, for each new byte j: `step` (decide a_j from X_j and the strategy's own state),

@@ -26,12 +26,50 @@ so a small corpus may not reach 0.2; the fit reports what it reached).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import torch
+
 from .supplied import SuppliedBoundaries
+
+SEGMENTER_FILE = "bpe_tokenizer.json"
 
 
 class BpeGuidance(SuppliedBoundaries):
+    """Training reads the data's `bpe` track. The tokenizer that made it travels with the model (the
+    trainer attaches it and writes it into every checkpoint, `save_pretrained` into the model directory,
+    as `bpe_tokenizer.json`), so that a trained model can score, evaluate and segment new text: each run
+    of bytes between special symbols (BOS, EOS, PAD) is segmented on its own, as `learntok prepare`
+    segments a document, and shifted by one byte. Generation is refused: a BPE boundary depends on
+    later bytes of its word, so no byte-by-byte decision gives the boundaries the model trained with."""
+
     name = "bpe"
     supplied_track = "bpe"
     how_to_supply = ("Train on data.source=demo (BPE boundaries are computed at start-up) or on a dataset prepared "
                      "with BPE boundaries: `learntok prepare INPUT --out DIR --bpe-rate 0.2`, or for an existing "
                      "dataset `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`.")
+    files = (SEGMENTER_FILE,)
+    segmenter = None  # a `learntok.data.bpe.BpeSegmenter`, when the model has its tokenizer
+
+    @property
+    def can_segment(self) -> bool:
+        return self.segmenter is not None
+
+    def segment(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        if self.segmenter is None:
+            return None
+        from ..data.bpe import bpe_boundaries
+        return bpe_boundaries(inputs, self.segmenter)
+
+    def save_files(self, directory: Path) -> None:
+        if self.segmenter is not None:
+            tmp = Path(directory) / f".{SEGMENTER_FILE}.tmp"
+            self.segmenter.save(tmp)
+            os.replace(tmp, Path(directory) / SEGMENTER_FILE)
+
+    def load_files(self, directory: Path) -> None:
+        path = Path(directory) / SEGMENTER_FILE
+        if path.exists():
+            from ..data.bpe import BpeSegmenter
+            self.segmenter = BpeSegmenter.load(path)

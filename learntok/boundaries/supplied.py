@@ -16,6 +16,8 @@ train a different baseline under the same name.
 
 from __future__ import annotations
 
+import torch
+
 from .base import Boundaries, BoundaryInput, BoundaryStrategy
 
 
@@ -25,8 +27,24 @@ class SuppliedBoundaries(BoundaryStrategy):
     how_to_supply: str = ""  # what to do when the data holds no such track (for the error message)
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        if inp.supplied is None:
+        supplied = inp.supplied if inp.supplied is not None else self.segment(inp.inputs)
+        if supplied is None:
             raise ValueError(f"boundary strategy {self.name!r} takes its boundaries from the data, and this batch "
                              f"has none (Batch.boundaries is None). {self.how_to_supply}")
-        a = (inp.supplied.bool() & inp.valid) | inp.forced
+        a = (supplied.bool() & inp.valid) | inp.forced
         return Boundaries(a=a, probs=a.float())
+
+    @property
+    def can_segment(self) -> bool:
+        """Whether the strategy can make boundaries for text that comes without them (scoring, evaluation)."""
+        return False
+
+    def segment(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Boundaries for `inputs` (B, T) that came without any, as the data pipeline would have made
+        them; None where the strategy cannot (a user's segmentation file)."""
+        return None
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> object:
+        raise NotImplementedError(
+            f"boundary strategy {self.name!r} cannot generate: its boundaries come from the data, and deciding them "
+            f"byte by byte would not give the boundaries it was trained with (score or segment text instead)")

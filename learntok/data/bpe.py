@@ -34,6 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from .batch import BOS, PAD
 
 DEFAULT_MAX_VOCAB = 65536
 DEFAULT_SAMPLE_BYTES = 1 << 20  # rate measured on this much training text (evenly spread) during the fit
@@ -151,6 +154,30 @@ class BpeSegmenter:
         """Tokens per byte over `docs`."""
         n_bytes = sum(len(d) for d in docs)
         return sum(len(e) for e in self.token_ends(docs)) / max(1, n_bytes)
+
+
+def bpe_boundaries(inputs: torch.Tensor, segmenter, shift: int = 1) -> torch.Tensor:
+    """(B, T) bool: the BPE reference of a batch's inputs, each document piece of each row (the bytes
+    between BOS symbols, up to the first PAD) segmented on its own by `segmenter`
+    (`learntok.data.bpe.BpeSegmenter`), token ends shifted right by `shift` bytes. A piece cut by the
+    row's window is segmented as it stands, so tokens at the cut can differ from the whole document's."""
+    rows = inputs.cpu().tolist()
+    spans, docs = [], []  # (row, start column) and bytes of every piece
+    for r, row in enumerate(rows):
+        start = 0
+        for j, v in enumerate(row + [BOS]):
+            if v >= 256:  # BOS, PAD or the end: close the piece
+                if j > start:
+                    spans.append((r, start))
+                    docs.append(bytes(row[start:j]))
+                if v == PAD:
+                    break
+                start = j + 1
+    out = torch.zeros(inputs.shape, dtype=torch.bool)
+    for (r, start), doc, ends in zip(spans, docs, segmenter.token_ends(docs) if docs else []):
+        marks = torch.from_numpy(token_ends_to_boundaries(ends, len(doc), shift))
+        out[r, start:start + len(doc)] = marks
+    return out.to(inputs.device)
 
 
 def _pre_tokenizer():
@@ -315,6 +342,7 @@ class DemoBpe:
     val: np.ndarray
     fit: BpeFit
     val_rate: float  # tokens per byte on the held-out stream
+    segmenter: BpeSegmenter  # the tokenizer that made them
 
 
 def demo_bpe(train: bytes, val: bytes, target_rate: float, max_vocab: int = DEFAULT_MAX_VOCAB,
@@ -328,12 +356,13 @@ def demo_bpe(train: bytes, val: bytes, target_rate: float, max_vocab: int = DEFA
             info = json.loads((cache / "fit.json").read_text())
             bits = np.load(cache / "boundaries.npz")
             return DemoBpe(np.unpackbits(bits["train"], count=len(train)).astype(bool),
-                           np.unpackbits(bits["val"], count=len(val)).astype(bool), BpeFit(**info["fit"]), info["val_rate"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # a damaged cache: recompute
+                           np.unpackbits(bits["val"], count=len(val)).astype(bool), BpeFit(**info["fit"]), info["val_rate"],
+                           BpeSegmenter.load(cache / "tokenizer.json"))
+    except Exception:  # a damaged cache (unreadable files, a tokenizer that does not parse): recompute
+        pass
     segmenter, fit = fit_bpe(_stream_docs(train), target_rate, max_vocab)
     out = DemoBpe(stream_boundaries(segmenter, train), stream_boundaries(segmenter, val), fit,
-                  segmenter.rate(_stream_docs(val)))
+                  segmenter.rate(_stream_docs(val)), segmenter)
     try:
         cache.mkdir(parents=True, exist_ok=True)
         np.savez(cache / "boundaries.npz", train=np.packbits(out.train), val=np.packbits(out.val))

@@ -285,6 +285,10 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
             raise ValueError(f"boundaries.name={strategy} needs the {track!r} boundary track, and {path} "
                              f"has none. {STRATEGIES[strategy].how_to_supply}")
         track_info = f"; supplied boundaries: {describe_track(track, tracks[track])}"
+    segmenter = None
+    if track == "bpe" and (path / "bpe" / "tokenizer.json").exists():  # travels with the model it trains
+        from .bpe import BpeSegmenter
+        segmenter = BpeSegmenter.load(path / "bpe" / "tokenizer.json")
     train = ShardedBatches(path, t.seq_len, t.batch_size, mode=mode, split="train", seed=t.seed,
                            rank=rank, world_size=world_size, boundaries=track)
     try:
@@ -298,7 +302,7 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
         f"{path} ({mode} mode): {train.num_sequences:,} training sequences of {t.seq_len} bytes from "
         f"{len(train.split):,} documents{skipped}; {sum(len(b.inputs) for b in val)} held-out sequences{track_info}"
     )
-    return DataSources(train, val, description)
+    return DataSources(train, val, description, segmenter)
 
 
 def describe_track(name: str, info: dict[str, Any]) -> str:
@@ -321,12 +325,12 @@ def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
     t = cfg.train
     corpus = build_demo_corpus(cfg.data.val_fraction)
     track = supplied_track(cfg.boundaries.name)
-    train_bnd = val_bnd = None
+    train_bnd = val_bnd = segmenter = None
     extra = ""
     if track == "bpe":
         from .bpe import demo_bpe
         fitted = demo_bpe(corpus.train, corpus.val, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
-        train_bnd, val_bnd = fitted.train, fitted.val
+        train_bnd, val_bnd, segmenter = fitted.train, fitted.val, fitted.segmenter
         f = fitted.fit
         reached = "" if f.reached else f", the closest it gets (target {f.target_rate} not reachable)"
         extra = (f"; BPE guidance: vocabulary {f.vocab_size}, rate {f.rate:.3f} on the training stream{reached}, "
@@ -339,4 +343,4 @@ def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
                       boundaries=train_bnd),
         stream_eval_batches(corpus.val, t.seq_len, t.batch_size, t.eval_batches, boundaries=val_bnd),
         f"demo corpus: {len(corpus.train):,} train bytes ({corpus.n_train_docs} docs), "
-        f"{len(corpus.val):,} held-out bytes ({corpus.n_val_docs} docs){extra}")
+        f"{len(corpus.val):,} held-out bytes ({corpus.n_val_docs} docs){extra}", segmenter)

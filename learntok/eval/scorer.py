@@ -164,9 +164,12 @@ class UNetScorer:
         self.model.to(self.device)
         strategy = model.boundaries
         self.strategy = getattr(strategy, "name", type(strategy).__name__)
-        if getattr(strategy, "supplied_track", None):
+        if getattr(strategy, "supplied_track", None) and not strategy.can_segment:
+            what = ("this model has no tokenizer to segment new text with (a run from before models carried it: copy "
+                    "the dataset's bpe/tokenizer.json into the checkpoint directory as bpe_tokenizer.json)"
+                    if strategy.supplied_track == "bpe" else "scoring text that comes without them is not supported")
             raise ValueError(f"the {self.strategy!r} strategy takes its boundaries from the data "
-                             f"({strategy.supplied_track!r} track); scoring arbitrary text with it is not supported")
+                             f"({strategy.supplied_track!r} track); {what}")
         self.stochastic = bool(getattr(strategy, "stochastic", False))
         if self.stochastic and mode != "sampled" and self.strategy not in THRESHOLDABLE_STRATEGIES:
             raise ValueError(f"boundary mode {mode!r} needs a per-byte boundary probability; the {self.strategy!r} "

@@ -22,4 +22,5 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[By
         raise ckpt_io.CheckpointError(f"{ckpt}: config in state.json is unusable: {e}") from None
     model = ByteUNet(cfg.model, cfg.boundaries)
     ckpt_io.load_weights(model, ckpt)
+    model.boundaries.load_files(ckpt)
     return model.to(device).eval(), cfg

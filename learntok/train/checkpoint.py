@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -91,10 +92,11 @@ def _fsync_dir(path: Path) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
                     state: dict, keep: int = 2, *, model_state: dict | None = None,
-                    optimizer_state: dict | None = None) -> Path:
+                    optimizer_state: dict | None = None, extra: Callable[[Path], None] | None = None) -> Path:
     """Write `run_dir/step_XXXXXX` atomically and keep only the newest `keep` checkpoints (0: all).
     `model_state` / `optimizer_state`: full state dicts gathered beforehand (sharded training), used
-    instead of `model.state_dict()` / `optimizer.state_dict()`.
+    instead of `model.state_dict()` / `optimizer.state_dict()`. `extra(directory)` writes more files
+    into the checkpoint (a boundary strategy's `save_files`); they are checksummed like the rest.
 
     On any error (a full disk: OSError ENOSPC) the temporary directory is removed and the error raised;
     the checkpoints already there are untouched."""
@@ -114,6 +116,8 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module | None, opt
             tensors, meta = _optimizer_tensors(optimizer_state)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             full_state["optimizer"] = meta
+        if extra is not None:
+            extra(tmp)
         full_state["files"] = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
                                for f in sorted(tmp.iterdir())}
         (tmp / "state.json").write_text(json.dumps(full_state, indent=1))

@@ -109,6 +109,7 @@ class DataSources:
     train: object  # .next_batch() -> Batch, .state_dict(), .load_state_dict()
     val: list[Batch]  # fixed held-out batches
     description: str
+    segmenter: object = None  # the BPE tokenizer behind a `bpe` track: the model keeps it (to segment new text)
 
 
 def rank_config(cfg: RunConfig, world_size: int) -> RunConfig:
@@ -252,6 +253,8 @@ class Trainer:
                                            weight_decay=t.weight_decay, fused=True)
         # `data`, when given, is this rank's (its share of the global batch)
         self.data = data or make_data(rank_config(cfg, world), self.dist.rank, world)
+        if self.data.segmenter is not None:
+            self.model.boundaries.segmenter = self.data.segmenter
         self.sample_rng = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.step = 0
         self.bytes_seen = 0
@@ -356,7 +359,7 @@ class Trainer:
         try:
             path = ckpt_io.save_checkpoint(self.run_dir, self.step, None, None, state,
                                            keep=self.cfg.train.keep_checkpoints, model_state=weights,
-                                           optimizer_state=optimizer_state)
+                                           optimizer_state=optimizer_state, extra=self.model.boundaries.save_files)
         except OSError as e:
             self.dist.barrier()
             previous = ckpt_io.list_checkpoints(self.run_dir)
