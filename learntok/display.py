@@ -194,7 +194,7 @@ def render(seg: Segmentation, colour: bool, separator: str | None = None) -> str
 
 def legend(colour: bool) -> str:
     if not colour:
-        return "('|' ends each learned token)"
+        return "('|' ends each token)"
     cells = "".join(f"\x1b[48;2;{r};{g};{b}m \x1b[0m" for r, g, b in (probability_colour(p / 10) for p in range(11)))
     return f"colour = boundary probability: 0 {cells} 1   │ = end of a token"
 

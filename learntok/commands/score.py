@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{f'total ({n} documents, byte-weighted)':<44} {int(total_bytes):>10,} {overall:>7.3f}")
         if n > 1:
             print(f"{'mean over documents':<44} {'':>10} {mean_doc:>7.3f}")
-        sampled = "sampled boundaries" + (f", mean of {args.samples} seeds" if args.samples > 1 else f", seed {args.seed}")
-        print(f"({sampled}; {model.boundaries.name} strategy)", file=sys.stderr)
+        how = ("sampled boundaries" + (f", mean of {args.samples} seeds" if args.samples > 1 else f", seed {args.seed}")
+               if model.boundaries.stochastic else "deterministic boundaries")
+        print(f"({how}; {model.boundaries.name} strategy)", file=sys.stderr)
     return 0
