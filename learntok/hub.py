@@ -299,7 +299,8 @@ def _download(repo_id: str, revision, token, cache_dir, local_files_only) -> Pat
     hub = _hub()
     try:
         local = hub.snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
-                                      local_files_only=local_files_only, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *STRATEGY_FILES],
+                                      local_files_only=local_files_only,
+                                      allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *STRATEGY_FILES],
                                       library_name="learntok", library_version=__version__)
     except Exception as e:  # not found, no network, no access: say which and keep the original error chained
         raise ModelLoadError(f"{repo_id}: no local directory of that name, and downloading it from the Hugging Face "

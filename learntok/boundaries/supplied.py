@@ -10,8 +10,9 @@ Whether the supplied boundaries are causal is a property of the data, not of thi
 `learntok prepare` writes are shifted right by one byte (a token's end is revealed one byte after it),
 see `learntok.data.bpe`. The model sees `supplied` as an input that never changes with the bytes.
 
-Without supplied boundaries (`inp.supplied is None`) these strategies raise: a silent fallback would
-train a different baseline under the same name.
+Without supplied boundaries (`inp.supplied is None`) a strategy makes them with its own segmenter if it
+has one (a `bpe` model carries the tokenizer of its track, to score new text) and raises otherwise: a
+silent fallback would train a different baseline under the same name.
 """
 
 from __future__ import annotations
