@@ -52,12 +52,13 @@ def config(parallel: str, steps: int, **train):
     return cfg
 
 
-def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps: int, train: dict) -> None:
+def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps: int, resume: bool,
+            train: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     cfg = config(parallel, steps, **train)
     try:
-        trainer = Trainer(cfg, run_dir, progress=False, data=rank_data(cfg, rank, world))
+        trainer = Trainer(cfg, run_dir, resume=resume, progress=False, data=rank_data(cfg, rank, world))
         trainer.train()
     finally:
         if dist.is_initialized():
@@ -70,8 +71,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, parallel: str, run_dir, steps: int, **train) -> list[dict]:
-    mp.spawn(_worker, args=(world, free_port(), parallel, str(run_dir), steps, train), nprocs=world, join=True)
+def run_ranks(world: int, parallel: str, run_dir, steps: int, resume: bool = False, **train) -> list[dict]:
+    mp.spawn(_worker, args=(world, free_port(), parallel, str(run_dir), steps, resume, train), nprocs=world, join=True)
     return read_metrics(run_dir / "metrics.jsonl")
 
 
@@ -129,6 +130,16 @@ def test_two_rank_checkpoint_resumes_in_one_process(single, tmp_path, parallel):
     state = ckpt_io.read_state(ckpt)
     assert state["config"]["train"]["parallel"] == parallel
     rows = run_single(run_dir, steps=4, resume=True)
+    assert_same_metrics(rows, single)
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_on_two_fsdp_ranks(single, tmp_path):
+    """The other direction: one process writes step 2, two FSDP ranks shard it and continue to step 4
+    with the uninterrupted run's metrics."""
+    run_dir = tmp_path / "run"
+    run_single(run_dir, steps=2)
+    rows = run_ranks(2, "fsdp", run_dir, steps=4, resume=True)
     assert_same_metrics(rows, single)
 
 
