@@ -132,6 +132,36 @@ def test_entropy_calibration_hits_the_rate_and_is_a_checkpointed_buffer():
     assert torch.equal(strat.threshold, before)
 
 
+def test_entropy_calibration_on_the_device_equals_the_quantile_recipe():
+    """The update reads nothing back from the device; it must equal the plain recipe: torch.quantile of
+    the decided scores at the level that gives the target rate, then Holt's smoothing (no update for a
+    batch without decided positions)."""
+    cfg = tiny_config(name="entropy", target_rate=0.25, entropy_momentum=0.3).boundaries
+    strat = build_strategy(cfg, 8).train()
+    g = torch.Generator().manual_seed(0)
+    level = trend = threshold = 0.0
+    active, updates = False, 0
+    for step in range(12):
+        score = torch.randn(4, 32, generator=g) - 0.1 * step  # drifting, as entropies do while a head learns
+        decide = torch.rand(4, 32, generator=g) < (0.0 if step == 5 else 0.8)
+        decide[:, 0] = False
+        n_forced, n_real = 4 + step % 3, 128
+        strat.calibrate(score, decide, torch.tensor(n_forced), torch.tensor(n_real))
+        values = score[decide]
+        if values.numel():
+            rate = min(max((0.25 * n_real - n_forced) / values.numel(), 0.0), 1.0)
+            q = float(torch.quantile(values, 1.0 - rate))
+            active = updates > 0 and abs(float((values > threshold).float().mean()) - rate) <= 0.5 * rate
+            if updates == 0:
+                level, trend = q, 0.0
+            else:
+                new_level = 0.3 * q + 0.7 * (level + trend)
+                level, trend = new_level, 0.3 * (new_level - level) + 0.7 * trend
+            threshold, updates = level + trend, updates + 1
+        assert float(strat.threshold) == pytest.approx(threshold, abs=1e-5), step
+        assert bool(strat.active) == active and int(strat.calibrations) == updates
+
+
 def test_dynamic_pooling_rule_pooling_and_prior():
     cfg = tiny_config(name="dynamic_pooling").boundaries
     strat = build_strategy(cfg, 8)

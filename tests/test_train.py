@@ -242,6 +242,30 @@ def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatc
     assert not bool(metrics["applied"]) and trainer.bad_total == 1
 
 
+@pytest.mark.parametrize("name", ["uniform", "random", "whitespace", "entropy", "dynamic_pooling", "hnet"])
+def test_every_strategy_trains_without_reading_the_device(tmp_path, monkeypatch, name):
+    """The same for the other strategies that decide from the bytes (entropy with its threshold
+    calibration running): only the read that sizes the token level and the token count."""
+    cfg = tiny_config(name=name)
+    for k, v in dict(tensorboard=False, threads=1, log_every=100, checkpoint_every=0, warmup_bytes=1000).items():
+        setattr(cfg.train, k, v)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False, data=memory_data(cfg))
+    trainer.train_step(trainer.data.train.next_batch())
+    reads = []
+    for read in HOST_READS:
+        original = getattr(torch.Tensor, read)
+
+        def spy(self, *args, _name=read, _original=original, **kwargs):
+            reads.append((_name, sys._getframe(1).f_code.co_name))
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, read, spy)
+    trainer.train_step(trainer.data.train.next_batch())
+    monkeypatch.undo()
+    assert {where for _, where in reads} <= {"_longest_and_total", "train_step"}, reads
+    if name == "entropy":
+        assert int(trainer.model.boundaries.calibrations) == 2  # the calibration did run, twice
+
+
 def test_metrics_are_summed_over_applied_steps_without_copies_to_the_device(monkeypatch):
     """Copying a host tensor to a GPU waits for the GPU's queue, so host numbers (token counts, the
     learning rate) must enter the device sums as scalars. The meta device stands in for a GPU here."""

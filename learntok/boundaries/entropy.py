@@ -41,8 +41,9 @@ strategy also checks, on each training batch, whether the threshold its decision
 the rate within +-50% on that batch (`active`, logged as `entropy_active`): the next step's boundaries
 are the entropy rule's when it did, uniform at the target rate when it did not (at the start, and on a
 batch where the forecast missed). BLT avoids all this with an entropy model trained beforehand.
-theta, level, trend, `active` and the number of updates are buffers, so they are checkpointed. `forward`
-never changes state, so evaluation and the causality test are pure.
+theta, level, trend, `active` and the number of updates are buffers, so they are checkpointed, and the
+update runs on the device without reading anything back. `forward` never changes state, so evaluation and
+the causality test are pure.
 """
 
 from __future__ import annotations
@@ -172,33 +173,36 @@ class EntropyPatching(BoundaryStrategy):
         return BoundaryStep(a=a, probs=a.float())
 
     @torch.no_grad()
-    def calibrate(self, score: torch.Tensor, decide: torch.Tensor, n_forced: int, n_real: int) -> None:
-        """Update the forecast theta with this batch's quantile that yields `target_rate` boundaries."""
-        values = score[decide].float()
-        if values.numel() == 0:
-            return
-        if values.numel() > 1 << 24:  # torch.quantile's limit: a deterministic subsample
-            values = values[:: values.numel() // (1 << 23) + 1]
-        rate = min(max((self.cfg.target_rate * n_real - n_forced) / values.numel(), 0.0), 1.0)
-        q = torch.quantile(values, 1.0 - rate)
+    def calibrate(self, score: torch.Tensor, decide: torch.Tensor, n_forced: torch.Tensor, n_real: torch.Tensor) -> None:
+        """Update the forecast theta with this batch's quantile that yields `target_rate` boundaries.
+        On the device throughout (no host read): the quantile is torch.quantile's (linear interpolation)
+        taken from the sorted scores at a position computed on the device."""
+        values, mask = score.float().flatten(), decide.flatten()
+        n = mask.sum()
+        rate = ((self.cfg.target_rate * n_real - n_forced) / n.clamp(min=1)).clamp(0.0, 1.0)
+        ranked = torch.where(mask, values, torch.full_like(values, torch.inf)).sort().values  # decided first
+        pos = (1.0 - rate) * (n - 1).clamp(min=0)
+        lo = pos.floor().long()
+        hi = torch.minimum(lo + 1, (n - 1).clamp(min=0))
+        below, above = ranked.index_select(0, lo.view(1))[0], ranked.index_select(0, hi.view(1))[0]
+        q = below + (pos - lo) * (above - below)
         # would the threshold these decisions used have hit the rate on this batch (within 50%)?
-        check = (values > self.threshold).float().mean()
-        self.active.copy_((self.calibrations > 0) & ((check - rate).abs() <= 0.5 * rate))
+        check = ((values > self.threshold) & mask).sum() / n.clamp(min=1)
         m = self.cfg.entropy_momentum
-        if int(self.calibrations) == 0:
-            self.level.copy_(q)
-            self.trend.zero_()
-        else:
-            level = m * q + (1 - m) * (self.level + self.trend)
-            self.trend.copy_(m * (level - self.level) + (1 - m) * self.trend)
-            self.level.copy_(level)
-        self.threshold.copy_(self.level + self.trend)
-        self.calibrations.add_(1)
+        first = self.calibrations == 0  # the first update sets level = q, trend = 0
+        level = torch.where(first, q, m * q + (1 - m) * (self.level + self.trend))
+        trend = torch.where(first, torch.zeros_like(q), m * (level - self.level) + (1 - m) * self.trend)
+        update = n > 0  # a batch with no decided position changes nothing
+        self.active.copy_(torch.where(update, ~first & ((check - rate).abs() <= 0.5 * rate), self.active))
+        self.level.copy_(torch.where(update, level, self.level))
+        self.trend.copy_(torch.where(update, trend, self.trend))
+        self.threshold.copy_(torch.where(update, self.level + self.trend, self.threshold))
+        self.calibrations.add_(update.long())
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         if self.training:
             real = inp.valid | inp.forced
-            self.calibrate(bnd.extras["score"], inp.valid & ~inp.forced, int((inp.forced & real).sum()), int(real.sum()))
+            self.calibrate(bnd.extras["score"], inp.valid & ~inp.forced, (inp.forced & real).sum(), real.sum())
         if self.own is None:
             return {}
         return {"entropy_model": (self.cfg.entropy_model_lambda, masked_mean(bnd.extras["own_nll"], bnd.extras["own_mask"]))}
