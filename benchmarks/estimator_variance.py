@@ -34,7 +34,7 @@ from learntok.boundaries import LossInputs  # noqa: E402
 from learntok.config import load_config  # noqa: E402
 from learntok.model.loading import load_model  # noqa: E402
 from learntok.model.unet import ByteUNet, target_log_probs  # noqa: E402
-from learntok.train.trainer import make_data  # noqa: E402
+from learntok.train.trainer import concat_batches, make_data  # noqa: E402
 
 VARIANTS = {
     "full": {},
@@ -72,6 +72,8 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=16, help="estimates per variant")
     p.add_argument("--reference-samples", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int, default=None,
+                   help="held-out sequences in the batch (default: one training batch, train.batch_size)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     if args.checkpoint:
@@ -84,7 +86,10 @@ def main() -> None:
     if cfg.boundaries.name != "learned":
         raise SystemExit(f"the estimator study needs a 'learned' model, this one is {cfg.boundaries.name!r}")
     model.train()  # the training-time policy (softcapped), as the estimator sees it
-    batch = make_data(cfg).val[0]
+    val = make_data(cfg).val
+    batch = concat_batches(val, args.rows)[0] if args.rows else val[0]
+    if args.rows and batch.inputs.shape[0] < args.rows:
+        raise SystemExit(f"only {batch.inputs.shape[0]} held-out sequences: raise train.eval_batches in the run's config")
     gen = torch.Generator().manual_seed(args.seed)
 
     start = time.perf_counter()

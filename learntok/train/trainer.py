@@ -152,7 +152,7 @@ def evaluate(model: ByteUNet, batches: list[Batch], seed: int = 1234, samples: i
     device = device or next(model.parameters()).device
     spread_over = dist if dist is not None and dist.enabled else None
     if spread_over is not None:
-        batches = _concat_batches(batches, global_rows or len(batches[0].inputs))
+        batches = concat_batches(batches, global_rows or len(batches[0].inputs))
     pieces = []
     for whole in batches:
         n_pieces = -(-len(whole.inputs) // max_rows) if max_rows else 1  # ceil
@@ -190,7 +190,7 @@ def evaluate(model: ByteUNet, batches: list[Batch], seed: int = 1234, samples: i
             "samples": samples}
 
 
-def _concat_batches(batches: list[Batch], rows: int) -> list[Batch]:
+def concat_batches(batches: list[Batch], rows: int) -> list[Batch]:
     """The rows of `batches`, in order, re-cut into batches of `rows` (the last may be smaller)."""
     fields = []
     for name in ("inputs", "targets", "doc_start", "boundaries"):
