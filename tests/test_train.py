@@ -37,8 +37,8 @@ pytestmark = pytest.mark.usefixtures("keep_threads")
 
 # --- helpers -------------------------------------------------------------------------------------
 
-def tiny_trainer(run_dir, resume=False, **train) -> Trainer:
-    cfg = tiny_config()
+def tiny_trainer(run_dir, resume=False, strategy="learned", **train) -> Trainer:
+    cfg = tiny_config(name=strategy)
     cfg.train.tensorboard = False
     cfg.train.threads = 1  # tiny matrices: one thread is faster, and a busy machine does not slow it down
     cfg.train.training_bytes = 8 * cfg.train.batch_size * cfg.train.seq_len
@@ -216,14 +216,9 @@ def poison(trainer: Trainer, bad_steps: set[int], where: str) -> None:
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
 
 
-@pytest.mark.parametrize("micro_batches", [1, 2])
-def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatch, micro_batches):
-    """Outside log lines the step never waits for the device: every read of a tensor's value on the host
-    is one of the documented few (the CPU scan's input, the one read of the longest row's and the total
-    token count that size the token level, and that total again, a host number by then), also on a
-    skipped, non-finite step."""
-    trainer = tiny_trainer(tmp_path / "run", micro_batches=micro_batches, log_every=100, checkpoint_every=0)
-    trainer.train_step(trainer.data.train.next_batch())  # the first step builds the optimizer state
+def spy_host_reads(monkeypatch) -> list[tuple[str, str]]:
+    """From now until `monkeypatch.undo()`, every read of a tensor's value on the host is appended to the
+    returned list as (method, the function that called it)."""
     reads = []
     for name in HOST_READS:
         original = getattr(torch.Tensor, name)
@@ -232,6 +227,18 @@ def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatc
             reads.append((_name, sys._getframe(1).f_code.co_name))
             return _original(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, spy)
+    return reads
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatch, micro_batches):
+    """Outside log lines the step never waits for the device: every read of a tensor's value on the host
+    is one of the documented few (the CPU scan's input, the one read of the longest row's and the total
+    token count that size the token level, and that total again, a host number by then), also on a
+    skipped, non-finite step."""
+    trainer = tiny_trainer(tmp_path / "run", micro_batches=micro_batches, log_every=100, checkpoint_every=0)
+    trainer.train_step(trainer.data.train.next_batch())  # the first step builds the optimizer state
+    reads = spy_host_reads(monkeypatch)
     trainer.train_step(trainer.data.train.next_batch())
     poison(trainer, {trainer.step + 1}, "grad")
     metrics = trainer.train_step(trainer.data.train.next_batch())
@@ -246,19 +253,9 @@ def test_a_training_step_reads_nothing_back_from_the_device(tmp_path, monkeypatc
 def test_every_strategy_trains_without_reading_the_device(tmp_path, monkeypatch, name):
     """The same for the other strategies that decide from the bytes (entropy with its threshold
     calibration running): only the read that sizes the token level and the token count."""
-    cfg = tiny_config(name=name)
-    for k, v in dict(tensorboard=False, threads=1, log_every=100, checkpoint_every=0, warmup_bytes=1000).items():
-        setattr(cfg.train, k, v)
-    trainer = Trainer(cfg, tmp_path / "run", progress=False, data=memory_data(cfg))
+    trainer = tiny_trainer(tmp_path / "run", strategy=name, log_every=100, checkpoint_every=0)
     trainer.train_step(trainer.data.train.next_batch())
-    reads = []
-    for read in HOST_READS:
-        original = getattr(torch.Tensor, read)
-
-        def spy(self, *args, _name=read, _original=original, **kwargs):
-            reads.append((_name, sys._getframe(1).f_code.co_name))
-            return _original(self, *args, **kwargs)
-        monkeypatch.setattr(torch.Tensor, read, spy)
+    reads = spy_host_reads(monkeypatch)
     trainer.train_step(trainer.data.train.next_batch())
     monkeypatch.undo()
     assert {where for _, where in reads} <= {"_longest_and_total", "train_step"}, reads

@@ -20,28 +20,24 @@ class RandomBoundaries(BoundaryStrategy):
     stochastic = True
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        if inp.prescribed is not None:
-            a = inp.prescribed.bool()
+        a, probs = self._draw(inp.forced, inp.prescribed, inp.uniforms, inp.generator)
+        return Boundaries(a=(a & inp.valid) | inp.forced, probs=probs)
+
+    def _draw(self, forced: torch.Tensor, prescribed, uniforms, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decisions of `forced`'s shape (the prescribed ones, else u < target, forced positions added) and
+        P(a = 1): the same for a whole sequence (`forward`) and for one byte (`step`)."""
+        if prescribed is not None:
+            a = prescribed.bool()
         else:
-            u = inp.uniforms
-            if u is None:
-                u = torch.rand(inp.inputs.shape, generator=inp.generator, device=inp.inputs.device)
+            u = uniforms if uniforms is not None else torch.rand(forced.shape, generator=generator, device=forced.device)
             a = u < self.cfg.target_rate
-        a = (a & inp.valid) | inp.forced
-        probs = torch.full(a.shape, self.cfg.target_rate, device=a.device).masked_fill(inp.forced, 1.0)
-        return Boundaries(a=a, probs=probs)
+        probs = torch.full(forced.shape, self.cfg.target_rate, device=forced.device).masked_fill(forced, 1.0)
+        return a | forced, probs
 
     # generation: the draw at byte j, as `forward` makes it; nothing to keep between bytes
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> None:
         return None
 
     def step(self, inp: BoundaryStepInput, cache: None) -> BoundaryStep:
-        if inp.prescribed is not None:
-            a = inp.prescribed.bool()
-        else:
-            u = inp.uniforms if inp.uniforms is not None else torch.rand(inp.forced.shape, generator=inp.generator,
-                                                                         device=inp.forced.device)
-            a = u < self.cfg.target_rate
-        a = a | inp.forced
-        probs = torch.full(a.shape, self.cfg.target_rate, device=a.device).masked_fill(inp.forced, 1.0)
+        a, probs = self._draw(inp.forced, inp.prescribed, inp.uniforms, inp.generator)
         return BoundaryStep(a=a, probs=probs)

@@ -71,23 +71,26 @@ class DynamicPooling(BoundaryStrategy):
         self.predictor = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, 1))
         self.offset = math.log(cfg.target_rate / (1 - cfg.target_rate))
 
-    def _relaxed(self, hidden: torch.Tensor, uniforms, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """The predictor's logits l and the relaxed sample soft, (B, T) or (B,)."""
+    def _decide(self, hidden: torch.Tensor, forced: torch.Tensor, prescribed, uniforms,
+                generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The relaxed sample soft, the hard decisions (the prescribed ones, else soft > 0.5) and P(a = 1)
+        (1 where forced), (B, T) for a sequence (`forward`) or (B,) for one byte (`step`)."""
         logits = self.predictor(hidden).squeeze(-1).float() + self.offset
         u = uniforms if uniforms is not None else torch.rand(logits.shape, generator=generator, device=logits.device)
         u = u.float().clamp(_EPS, 1 - _EPS)
-        return logits, torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.cfg.dp_temperature)
+        soft = torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.cfg.dp_temperature)
+        hard = prescribed.bool() if prescribed is not None else soft > 0.5
+        return soft, hard, torch.sigmoid(logits).masked_fill(forced, 1.0)
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        logits, soft = self._relaxed(inp.hidden, inp.uniforms, inp.generator)  # (B, T)
-        hard = inp.prescribed.bool() if inp.prescribed is not None else soft > 0.5
+        soft, hard, probs = self._decide(inp.hidden, inp.forced, inp.prescribed, inp.uniforms, inp.generator)
         a = (hard & inp.valid) | inp.forced
         # straight-through boundaries: value a_i exactly, gradient of the relaxed sample; constants where forced
         st = torch.where(inp.forced, torch.ones_like(soft), a.float() + (soft - soft.detach()) * inp.valid)
         q = st.cumsum(1) - st  # sum_{t<j} b_t
         weight = 1.0 + (q - q.detach())  # exactly 1, with the straight-through gradient
         extras = {"st": st, "soft": soft, "pool_weight": weight, "real": inp.valid | inp.forced}
-        return Boundaries(a=a, probs=torch.sigmoid(logits).masked_fill(inp.forced, 1.0), extras=extras)
+        return Boundaries(a=a, probs=probs, extras=extras)
 
     def pool(self, hidden: torch.Tensor, bnd: Boundaries, tok_pos: torch.Tensor) -> torch.Tensor:
         """Mean of the bytes of each segment (tok_pos[k-1], tok_pos[k]]: (B, T, C) -> (B, M, C)."""
@@ -110,10 +113,8 @@ class DynamicPooling(BoundaryStrategy):
         return PoolingCache(torch.zeros(batch_size, self.d_model, device=device), torch.zeros(batch_size, device=device))
 
     def step(self, inp: BoundaryStepInput, cache: PoolingCache) -> BoundaryStep:
-        logits, soft = self._relaxed(inp.hidden, inp.uniforms, inp.generator)  # (B,)
-        hard = inp.prescribed.bool() if inp.prescribed is not None else soft > 0.5
-        a = hard | inp.forced
-        return BoundaryStep(a=a, probs=torch.sigmoid(logits).masked_fill(inp.forced, 1.0))
+        _, hard, probs = self._decide(inp.hidden, inp.forced, inp.prescribed, inp.uniforms, inp.generator)
+        return BoundaryStep(a=hard | inp.forced, probs=probs)
 
     def pool_step(self, hidden: torch.Tensor, bnd: BoundaryStep, cache: PoolingCache) -> torch.Tensor:
         """The mean of the bytes since the last boundary, this one included; a boundary closes the segment."""
