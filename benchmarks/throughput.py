@@ -88,7 +88,7 @@ class Run:
         steps = len(self.times)
         step_time = statistics.median(self.times)
         n_bytes = self.batch.inputs.numel()
-        flops = self.model.flops(n_bytes, self.tokens // steps)
+        flops = self.model.flops(n_bytes, self.tokens // steps, self.model.draws)
         return {"step_s": step_time, "bytes_s": n_bytes / step_time, "tokens_s": self.tokens / steps / step_time,
                 "padding": 1 - self.tokens / max(self.slots, 1), "flops_s": flops / step_time}
 

@@ -118,7 +118,7 @@ def flops_per_byte(model, batches, seed: int = 0) -> float:
     try:
         for batch in batches:
             out = model(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=gen)
-            flops += model.flops(int(batch.inputs.numel()), out.tok_real.numel())
+            flops += model.flops(int(batch.inputs.numel()), out.tok_real.numel(), out.draws)
             n += int(batch.inputs.numel())
     finally:
         model.train(was_training)

@@ -51,7 +51,10 @@ class BoundaryConfig:
     softcap: float | None = 10.0  # policy-logit softcap, training only (paper: value not stated)
     gamma: float = 0.99  # discount of the returns
     early_exit_reward: bool = True  # subtract the early-exit log-likelihood from the reward
-    batch_centering: str = "mean"  # mean | leave_one_out | none: the advantage baseline over the batch
+    batch_centering: str = "mean"  # the advantage baseline at each position: mean | leave_one_out over the
+    #   batch's rows (the paper), group | group_loo over the group_size draws of the same sequence, or none
+    group_size: int = 1  # K: independent boundary draws per training sequence (1: the paper). The encoder and
+    #   early-exit head run once per sequence, the token level and decoder on every draw (objectives.py)
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
     lambda_early: float = 1e-1  # weight of the early-exit loss
@@ -309,8 +312,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"boundaries.lags={b.lags} must be >= 0")
     if not 0.0 < b.gamma <= 1.0:
         raise ConfigError(f"boundaries.gamma={b.gamma} must lie in (0, 1]")
-    if b.batch_centering not in ("mean", "leave_one_out", "none"):
-        raise ConfigError(f"boundaries.batch_centering={b.batch_centering!r}: use mean, leave_one_out or none")
+    if b.batch_centering not in ("mean", "leave_one_out", "group", "group_loo", "none"):
+        raise ConfigError(f"boundaries.batch_centering={b.batch_centering!r}: use mean, leave_one_out, group, "
+                          f"group_loo or none")
+    if b.group_size < 1:
+        raise ConfigError(f"boundaries.group_size={b.group_size} must be >= 1")
+    if b.batch_centering.startswith("group") and b.group_size < 2:
+        raise ConfigError(f"boundaries.batch_centering={b.batch_centering} centres on the other draws of a "
+                          f"sequence: set boundaries.group_size >= 2")
     if t.seq_len < 2 or t.batch_size < 1:
         raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
     if t.micro_batches < 1 or t.batch_size % t.micro_batches:

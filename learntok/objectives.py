@@ -43,16 +43,33 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean",
-                   totals: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Advantages A_{b,i} = G_{b,i} - baseline_i, the baseline taken over the batch at each position
-    (paper eq. 17) among rows where `mask` is True. `mode`: mean | leave_one_out | none.
+                   totals: tuple[torch.Tensor, torch.Tensor] | None = None, group: int = 1) -> torch.Tensor:
+    """Advantages A_{b,i} = G_{b,i} - baseline_{b,i} among rows where `mask` is True. `mode`:
+      mean           the mean over the batch's rows at position i (paper eq. 17)
+      leave_one_out  the mean over the batch's other rows at position i (unbiased)
+      group          the mean over the `group` draws of the same sequence at position i (GRPO's baseline)
+      group_loo      the mean over the same sequence's other draws at position i (RLOO; unbiased)
+      none           no baseline
+    Group modes read the rows as consecutive groups (row b * group + k is draw k of sequence b; the draws
+    of a sequence share its mask). The group mean includes the row itself, which scales the policy term
+    by (group - 1) / group in expectation; leave-one-out removes it. Worked example, one position, two
+    sequences of two draws, G = [1, 3, 2, 6]: group -> [-1, 1, -2, 2]; group_loo -> [-2, 2, -4, 4].
 
     `totals`: (sum over rows of values * mask, count of such rows), each (T,), taken over a larger batch
     that `values` is part of (gradient accumulation: the whole global batch, DESIGN.md §3); default:
-    over `values` itself."""
+    over `values` itself. Group modes need no totals: a group never spans micro-batches or ranks."""
     if mode == "none":
         return values * mask
     m = mask.to(values.dtype)
+    if mode in ("group", "group_loo"):
+        B, T = values.shape
+        per_group = (values * m).view(B // group, group, T)  # (sequences, draws, T)
+        total = per_group.sum(1, keepdim=True).expand_as(per_group).reshape(B, T)
+        if mode == "group":
+            baseline = total / group
+        else:
+            baseline = (total - values) / max(group - 1, 1)
+        return (values - baseline) * m
     if totals is None:
         total = (values * m).sum(0, keepdim=True)
         count = m.sum(0, keepdim=True)
@@ -93,7 +110,7 @@ def policy_batch_stats(rewards: torch.Tensor, probs: torch.Tensor, decide: torch
 
 def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor, rewards: torch.Tensor,
                   decide: torch.Tensor, valid: torch.Tensor, *, gamma: float, centering: str,
-                  target_rate: float, stats: dict[str, torch.Tensor] | None = None
+                  target_rate: float, stats: dict[str, torch.Tensor] | None = None, group: int = 1
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The policy loss L_pi = -mean(log pi(a_i) * detach(A_i)) and the target-rate loss
     L_target = mean(l) * detach(mean(p) - target) (paper eq. 18 and 24), as per-byte means.
@@ -103,15 +120,17 @@ def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Ten
 
     `stats`: `policy_batch_stats` summed over the global batch this batch is a part of. Then the baseline,
     mean(p) and the means' denominators are the global batch's, and these losses, summed over the parts,
-    equal the losses of the whole batch."""
+    equal the losses of the whole batch. `group`: rows per sequence (its boundary draws), for the group
+    centering modes (see `batch_centered`)."""
     returns = discounted_returns(rewards * valid, gamma)
     if stats is None:
-        advantages = batch_centered(returns, decide, centering).detach()
+        advantages = batch_centered(returns, decide, centering, group=group).detach()
         loss_policy = -masked_mean(log_prob * advantages, decide)
         mean_p = masked_mean(probs, decide).detach()
         loss_target = masked_mean(logits, decide) * (mean_p - target_rate)
         return loss_policy, loss_target, advantages
-    advantages = batch_centered(returns, decide, centering, (stats["return_sum"], stats["decide_rows"])).detach()
+    advantages = batch_centered(returns, decide, centering, (stats["return_sum"], stats["decide_rows"]),
+                                group).detach()
     m = decide.to(log_prob.dtype)
     count = stats["decide_count"].clamp(min=1)
     loss_policy = -(log_prob * advantages * m).sum() / count

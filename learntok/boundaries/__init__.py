@@ -38,6 +38,9 @@ def build_strategy(cfg: BoundaryConfig, d_model: int) -> BoundaryStrategy:
         cls = STRATEGIES[cfg.name]
     except KeyError:
         raise ValueError(f"unknown boundary strategy {cfg.name!r}; available: {', '.join(sorted(STRATEGIES))}") from None
+    if cfg.group_size > 1 and not cls.stochastic:
+        raise ValueError(f"boundaries.group_size={cfg.group_size}: the {cfg.name!r} strategy draws the same boundaries "
+                         f"every time, so several draws per sequence would only repeat the work; use group_size=1")
     return cls(cfg, d_model)
 
 

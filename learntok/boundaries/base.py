@@ -87,6 +87,7 @@ class LossInputs:
     logp_early: torch.Tensor  # (B, T) log p_early(target | bytes), detached
     valid: torch.Tensor  # (B, T) bool: positions with a target
     forced: torch.Tensor  # (B, T) bool: positions whose boundary was not the strategy's choice
+    group: int = 1  # rows per sequence: rows b * group .. b * group + group - 1 are draws for one sequence
 
 
 class BoundaryStrategy(nn.Module):

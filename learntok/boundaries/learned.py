@@ -112,7 +112,7 @@ class LearnedPolicy(BoundaryStrategy):
         loss_policy, loss_target, advantages = policy_losses(
             bnd.extras["log_prob"], bnd.extras["logits"], bnd.probs, self._rewards(inp), self._decide(inp),
             inp.valid, gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate,
-            stats=stats)
+            stats=stats, group=inp.group)
         bnd.extras["advantages"] = advantages
         return {"policy": (self.cfg.lambda_policy, loss_policy), "target": (self.cfg.lambda_target, loss_target)}
 

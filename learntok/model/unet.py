@@ -42,6 +42,7 @@ class UNetOutput:
     tok_valid: torch.Tensor  # (B, M) bool: real tokens
     tok_real: torch.Tensor  # (N,) flat indices of the real token slots (N tokens, a number the host knows)
     forced: torch.Tensor  # (B, T) bool: boundaries that were not the strategy's choice
+    draws: int = 1  # K boundary draws per sequence: the rows of every tensor but early_logits are B * K
 
 
 @dataclass
@@ -119,6 +120,11 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C), Gemma's embedding scale
         return self.encoder(x, positions)
 
+    @property
+    def draws(self) -> int:
+        """Boundary draws per sequence in a forward pass: `boundaries.group_size` in training, 1 in eval."""
+        return self.boundaries.cfg.group_size if self.training else 1
+
     def forward(self, inputs: torch.Tensor, *, doc_start: torch.Tensor | None = None,
                 supplied: torch.Tensor | None = None, generator: torch.Generator | None = None,
                 prescribed: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
@@ -127,19 +133,30 @@ class ByteUNet(nn.Module):
         `supplied` (B, T) bool boundaries for strategies that take them from the data; `generator`
         seeds sampling strategies; `prescribed` (B, T) bool replaces a sampling strategy's draws;
         `uniforms` (B, T) replaces the random numbers it draws (per-row seeding for evaluation);
-        `hidden` (B, T, C): `encode(inputs)` computed by the caller (gradient accumulation splits here)."""
-        B, T = inputs.shape
-        positions = torch.arange(T, device=inputs.device).expand(B, T)
+        `hidden` (B, T, C): `encode(inputs)` computed by the caller (gradient accumulation splits here).
+
+        With K = `self.draws` > 1 (training with `boundaries.group_size` = K) each sequence gets K
+        independent boundary draws: the encoder and the early-exit head run once per sequence, the
+        strategy, token level and decoder on B * K rows, row b * K + k being draw k of sequence b.
+        `prescribed` and `uniforms` are then (B * K, T), and so is every output but `early_logits`."""
+        K = self.draws
         hidden = self.encode(inputs) if hidden is None else hidden  # X (B, T, C)
-        early_logits = self.early_head(hidden)
+        early_logits = self.early_head(hidden)  # (B, T, V)
 
         forced = torch.zeros_like(inputs, dtype=torch.bool)
         forced[:, 0] = True
         if doc_start is not None:
             forced |= doc_start
+        strategy_early = early_logits
+        if K > 1:  # the draws share the encoder output; the gradient of X sums over them
+            inputs, hidden, forced, strategy_early = (t.repeat_interleave(K, 0)
+                                                      for t in (inputs, hidden, forced, early_logits))
+            supplied = None if supplied is None else supplied.repeat_interleave(K, 0)
+        B, T = inputs.shape  # B counts draws from here on
+        positions = torch.arange(T, device=inputs.device).expand(B, T)
         valid = inputs != PAD
         bnd = self.boundaries(BoundaryInput(hidden, inputs, valid, forced, supplied, generator, prescribed, uniforms,
-                                            early_logits))
+                                            strategy_early))
 
         slots = resample.boundary_positions(bnd.a, self.cfg.token_multiple)  # (B, M) slots, N real
         tokens = self.boundaries.pool(hidden, bnd, slots.pos)  # (B, M, C)
@@ -149,7 +166,7 @@ class ByteUNet(nn.Module):
         tokens = self.mid(tokens, slots.pos, real=slots.real)  # RoPE at the boundaries' byte positions
         y = self.boundaries.unpool(hidden, tokens, bnd, resample.token_index(bnd.a))  # (B, T, C)
         y = self.decoder(y, positions)
-        return UNetOutput(self.head(y), early_logits, bnd, slots.pos, slots.valid, slots.real, forced)
+        return UNetOutput(self.head(y), early_logits, bnd, slots.pos, slots.valid, slots.real, forced, K)
 
     # --- objective -------------------------------------------------------------------------------
 
@@ -160,17 +177,14 @@ class ByteUNet(nn.Module):
         Returns (loss, metrics, output); metrics are detached 0-d tensors (no host sync here)."""
         out = self(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=generator,
                    prescribed=prescribed, uniforms=uniforms)
-        valid = batch.valid
-        logp = target_log_probs(out.logits, batch.targets)
-        logp_early = target_log_probs(out.early_logits, batch.targets)
-        loss_auto = -masked_mean(logp, valid)
-        loss_early = -masked_mean(logp_early, valid)
-        loss_inputs = LossInputs(logp.detach(), logp_early.detach(), valid, out.forced)
+        logp, logp_early, loss_inputs = log_likelihoods(out, batch)
+        loss_auto = -masked_mean(logp, loss_inputs.valid)  # over every draw: the mean of the draws' losses
+        loss_early = -masked_mean(logp_early, batch.valid)
         aux = self.boundaries.losses(out.boundaries, loss_inputs)
         lambda_early = self.boundaries.cfg.lambda_early
         loss = loss_auto + lambda_early * loss_early + sum(w * v for w, v in aux.values())
 
-        real = batch.inputs != PAD
+        real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
         metrics = {
             "loss": loss.detach(),
             "bpb": loss_auto.detach() / LN2,
@@ -178,7 +192,7 @@ class ByteUNet(nn.Module):
             "boundary_rate": masked_mean(out.boundaries.a.float(), real),
             "tokens": torch.tensor(out.tok_real.numel()),  # what the token level's matrices ran on
             "token_slots": torch.tensor(out.tok_pos.numel()),  # its attention's padded layout
-            "bytes": valid.sum(),
+            "bytes": batch.valid.sum(),
         }
         metrics.update({f"loss_{k}": v.detach() for k, (_, v) in aux.items()})
         metrics.update(self.boundaries.metrics(out.boundaries, loss_inputs))
@@ -296,15 +310,30 @@ class ByteUNet(nn.Module):
     # --- accounting ------------------------------------------------------------------------------
 
     def matrix_params(self) -> dict[str, int]:
-        """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible)."""
-        byte_level = (self.encoder.n_matrix_params() + self.decoder.n_matrix_params() + self.boundaries.n_matrix_params()
-                      + self.head.proj.weight.numel() + self.early_head.proj.weight.numel())
-        return {"byte": byte_level, "token": self.mid.n_matrix_params()}
+        """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible). `byte`: what
+        runs once per byte (encoder, boundary strategy, early-exit head); `byte_per_draw`: what runs once
+        per byte and boundary draw (decoder, head); `token`: the token level, once per token."""
+        return {"byte": (self.encoder.n_matrix_params() + self.boundaries.n_matrix_params()
+                         + self.early_head.proj.weight.numel()),
+                "byte_per_draw": self.decoder.n_matrix_params() + self.head.proj.weight.numel(),
+                "token": self.mid.n_matrix_params()}
 
-    def flops(self, n_bytes: int, n_tokens: int) -> int:
-        """Training FLOPs of one forward + backward: 6 per matrix parameter per byte or per token."""
+    def flops(self, n_bytes: int, n_tokens: int, draws: int = 1) -> int:
+        """Training FLOPs of one forward + backward over `n_bytes` bytes, each with `draws` boundary
+        draws that made `n_tokens` tokens in all: 6 per matrix parameter per byte, draw or token."""
         p = self.matrix_params()
-        return 6 * (p["byte"] * n_bytes + p["token"] * n_tokens)
+        return 6 * (p["byte"] * n_bytes + p["byte_per_draw"] * n_bytes * draws + p["token"] * n_tokens)
+
+
+def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:
+    """log p(target) of every draw (B * K, T) and log p_early(target) of every sequence (B, T), with
+    gradient, and what the strategy's losses read: both detached, over the B * K rows."""
+    K = out.draws
+    logp = target_log_probs(out.logits, batch.targets.repeat_interleave(K, 0))
+    logp_early = target_log_probs(out.early_logits, batch.targets)
+    loss_inputs = LossInputs(logp.detach(), logp_early.detach().repeat_interleave(K, 0),
+                             batch.valid.repeat_interleave(K, 0), out.forced, K)
+    return logp, logp_early, loss_inputs
 
 
 def target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,8 @@ of the whole batch, so the micro-batch terms add up to the single-batch loss ter
 gradients to its gradient; the chain rule through X is applied to the sum of both phases' dL/dX_m.
 Boundaries are sampled from uniforms drawn for the whole batch before it is split, so micro-batch m
 draws exactly what its rows draw in one pass. Only the order of floating-point additions differs.
+With several boundary draws per sequence (`boundaries.group_size` K) the batch is split by sequences,
+so the K draws of a sequence (rows b * K .. b * K + K - 1 of the uniforms) stay in one micro-batch.
 Metrics are computed on the whole batch as well (the strategy's on the concatenated micro-batches).
 
 Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
@@ -42,7 +44,7 @@ import torch
 
 from ..boundaries import Boundaries, LossInputs
 from ..data.batch import PAD, Batch
-from ..model.unet import ByteUNet, target_log_probs
+from ..model.unet import ByteUNet, log_likelihoods
 from ..objectives import LN2
 
 
@@ -81,6 +83,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
     lambda_early = strategy.cfg.lambda_early
+    K = model.draws  # uniforms has B * K rows
     n_rows = totals["rows"] if totals else batch.inputs.shape[0]
     n_valid = batch.valid.sum()  # this batch's valid bytes
     # the per-byte means' denominator, over the whole (global) batch
@@ -95,15 +98,13 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         with torch.set_grad_enabled(not recompute_encoder):
             hidden = model.encode(mb.inputs)  # X (b, T, C)
         h = hidden.detach().requires_grad_()
+        draws = slice(rows.start * K, rows.stop * K)
         out = model(mb.inputs, doc_start=mb.doc_start, supplied=mb.boundaries, generator=generator,
-                    uniforms=None if uniforms is None else uniforms[rows], hidden=h)
-        valid = mb.valid
-        logp = target_log_probs(out.logits, mb.targets)
-        logp_early = target_log_probs(out.early_logits, mb.targets)
-        nll = -(logp * valid).sum()
-        nll_early = -(logp_early * valid).sum()
+                    uniforms=None if uniforms is None else uniforms[draws], hidden=h)
+        logp, logp_early, loss_inputs = log_likelihoods(out, mb)
+        nll = -(logp * loss_inputs.valid).sum() / K  # the mean over draws of each draw's sum
+        nll_early = -(logp_early * mb.valid).sum()
         local = (nll + lambda_early * nll_early) / denom
-        loss_inputs = LossInputs(logp.detach(), logp_early.detach(), valid, out.forced)
         mb_stats = strategy.batch_stats(out.boundaries, loss_inputs)
         aux = {}
         if not mb_stats:  # its losses are means over rows: weight them by this micro-batch's share
@@ -116,7 +117,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
             stats[k] = stats[k] + v.detach() if k in stats else v.detach()
         # frees the downstream graph; the strategy's loss graph branches off h separately and survives
         local.backward()
-        real = mb.inputs != PAD
+        real = (mb.inputs != PAD).repeat_interleave(K, 0)
         sums["loss"] += local.detach()
         sums["nll"] += nll.detach()
         sums["nll_early"] += nll_early.detach()
@@ -157,7 +158,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         "loss": torch.as_tensor(sums["loss"]).detach(),
         "bpb": sums["nll"] / denom / LN2,
         "early_bpb": sums["nll_early"] / denom / LN2,
-        "boundary_rate": sums["boundaries"] / (totals["real"] if totals else real.sum()).clamp(min=1),
+        "boundary_rate": sums["boundaries"] / (K * (totals["real"] if totals else real.sum())).clamp(min=1),
         "tokens": torch.as_tensor(sums["tokens"]),
         "token_slots": torch.as_tensor(sums["token_slots"]),
         "bytes": n_valid,
@@ -207,5 +208,5 @@ def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundarie
     if a is None or (bnds[0].probs is not None and probs is None):
         return None
     li = LossInputs(*(torch.cat([getattr(i, f) for i in inputs], dim=0)
-                      for f in ("logp", "logp_early", "valid", "forced")))
+                      for f in ("logp", "logp_early", "valid", "forced")), group=inputs[0].group)
     return Boundaries(a, probs, extras), li

@@ -457,7 +457,8 @@ class Trainer:
         every rank draws the whole global batch's and keeps its own rows (block `rank` of the rows)."""
         if not getattr(self.model.boundaries, "stochastic", False):
             return None
-        rows, T = batch.inputs.shape
+        T = batch.inputs.shape[1]
+        rows = batch.inputs.shape[0] * self.model.draws  # each sequence's K draws, consecutive rows
         u = torch.rand((rows * self.dist.world_size, T), generator=self.sample_rng, device=self.device)
         return u[self.dist.rank * rows:(self.dist.rank + 1) * rows] if self.dist.enabled else u
 
@@ -500,7 +501,7 @@ class Trainer:
             # clipped once, on the gradient of the whole batch (not per micro-batch: DESIGN.md §5)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
-            self.flops += self.model.flops(int(batch.inputs.numel()), tokens)
+            self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws)
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
@@ -513,7 +514,7 @@ class Trainer:
                 clip_with_norm_(self.model, max_norm, grad_norm)
             else:  # the gradients are the global batch's on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-            self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0)
+            self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0, self.model.draws)
             self._pending_tokens += tokens  # this rank's; summed over ranks by `_settle_flops`
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~ok).float()  # the fused AdamW kernel skips the whole update when 1
