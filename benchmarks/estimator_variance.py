@@ -8,10 +8,15 @@ policy-gradient estimate (the gradient of lambda_pi * L_pi only) under each vari
     no-early-exit  reward = log p(x) instead of log p(x) - log p_early(x)
     no-centering   no batch-relative baseline
     naive          gamma = 1, no early-exit reward, no centering (reward-to-go REINFORCE)
+    K=k group      k boundary draws of each of B/k sequences, centred on the mean of a sequence's draws
+    K=k group_loo  the same, centred on the mean of the sequence's other draws (RLOO)
 
 and report, per variant: the relative variance of a single estimate (trace of its covariance over the
 squared norm of the reference), the mean cosine similarity of single estimates to the reference, and
-the cosine of the variant's mean to the reference (a bias indicator). The reference is the mean of many
+the cosine of the variant's mean to the reference (a bias indicator). Group variants see B/k sequences with
+k draws each, about the FLOPs of the paper's B sequences with one draw (the encoder runs once per
+sequence); "variance x FLOPs" multiplies each estimate's variance by its measured training FLOPs, relative
+to the paper's ("full"), which is the variance at equal compute (averaging n estimates divides it by n). The reference is the mean of many
 estimates of the unbiased low-variance variant (gamma = 1, early-exit reward, leave-one-out centering),
 i.e. our best estimate of the true policy gradient of E_a log p(y | a, x). Prints a table; asserts nothing.
 
@@ -30,10 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learntok.boundaries import LossInputs  # noqa: E402
+from learntok.data.batch import Batch  # noqa: E402
 from learntok.config import load_config  # noqa: E402
 from learntok.model.loading import load_model  # noqa: E402
-from learntok.model.unet import ByteUNet, target_log_probs  # noqa: E402
+from learntok.model.unet import ByteUNet, log_likelihoods  # noqa: E402
 from learntok.train.trainer import concat_batches, make_data  # noqa: E402
 
 VARIANTS = {
@@ -43,26 +48,31 @@ VARIANTS = {
     "no-centering": {"batch_centering": "none"},
     "naive": {"gamma": 1.0, "early_exit_reward": False, "batch_centering": "none"},
 }
+VARIANTS.update({f"K={k} {mode}": {"group_size": k, "batch_centering": mode}
+                 for k in (2, 4, 8) for mode in ("group", "group_loo")})
 REFERENCE = {"gamma": 1.0, "early_exit_reward": True, "batch_centering": "leave_one_out"}
 
 
-def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> torch.Tensor:
-    """One estimate: d(lambda_pi * L_pi)/d(theta) for one draw of boundaries, flattened."""
+def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[torch.Tensor, int]:
+    """One estimate: d(lambda_pi * L_pi)/d(theta) for one draw of boundaries, flattened, and the training
+    FLOPs of the forward + backward that made it. With `group_size` k in `options`, the first B/k rows of
+    the batch, k draws each."""
     cfg = model.boundaries.cfg
     saved = copy.copy(cfg)
     for k, v in options.items():
         setattr(cfg, k, v)
     try:
-        out = model(batch.inputs, generator=generator)
-        logp = target_log_probs(out.logits, batch.targets).detach()
-        logp_early = target_log_probs(out.early_logits, batch.targets).detach()
-        losses = model.boundaries.losses(out.boundaries, LossInputs(logp, logp_early, batch.valid, out.forced))
-        weight, loss = losses["policy"]
+        rows = batch.inputs.shape[0] // cfg.group_size
+        part = Batch(batch.inputs[:rows], batch.targets[:rows])
+        out = model(part.inputs, generator=generator)
+        _, _, loss_inputs = log_likelihoods(out, part)
+        weight, loss = model.boundaries.losses(out.boundaries, loss_inputs)["policy"]
         params = [p for p in model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(weight * loss, params, allow_unused=True)
-        return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+        flops = model.flops(part.inputs.numel(), out.tok_real.numel(), out.draws)
+        return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)]), flops
     finally:
-        for k in options:
+        for k in list(options):
             setattr(cfg, k, getattr(saved, k))
 
 
@@ -93,19 +103,28 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
 
     start = time.perf_counter()
-    reference = torch.stack([policy_gradient(model, batch, gen, REFERENCE) for _ in range(args.reference_samples)]).mean(0)
+    reference = torch.stack([policy_gradient(model, batch, gen, REFERENCE)[0]
+                             for _ in range(args.reference_samples)]).mean(0)
     ref_norm2 = reference.pow(2).sum()
     print(f"batch {tuple(batch.inputs.shape)}, reference from {args.reference_samples} estimates "
           f"({time.perf_counter() - start:.0f} s)\n")
-    print("| variant | relative variance | mean cos(single, ref) | cos(mean, ref) |")
-    print("|---|---|---|---|")
+    print("| variant | rows x draws | relative variance | variance x FLOPs vs full | mean cos(single, ref) | cos(mean, ref) |")
+    print("|---|---|---|---|---|---|")
+    paper_cost = None
     for name, options in VARIANTS.items():
-        grads = torch.stack([policy_gradient(model, batch, gen, options) for _ in range(args.samples)])
+        if batch.inputs.shape[0] % options.get("group_size", 1):
+            continue
+        estimates = [policy_gradient(model, batch, gen, options) for _ in range(args.samples)]
+        grads = torch.stack([g for g, _ in estimates])
+        flops = sum(f for _, f in estimates) / len(estimates)
         mean = grads.mean(0)
         variance = (grads - mean).pow(2).sum(1).mean() / ref_norm2
+        paper_cost = paper_cost or float(variance) * flops  # "full" comes first
         cos_single = torch.nn.functional.cosine_similarity(grads, reference[None], dim=1).mean()
         cos_mean = torch.nn.functional.cosine_similarity(mean, reference, dim=0)
-        print(f"| {name} | {variance:.3g} | {cos_single:.3f} | {cos_mean:.3f} |")
+        k = options.get("group_size", 1)
+        print(f"| {name} | {batch.inputs.shape[0] // k} x {k} | {variance:.3g} | {float(variance) * flops / paper_cost:.3g} "
+              f"| {cos_single:.3f} | {cos_mean:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,10 +51,8 @@ class BoundaryConfig:
     softcap: float | None = 10.0  # policy-logit softcap, training only (paper: value not stated)
     gamma: float = 0.99  # discount of the returns
     early_exit_reward: bool = True  # subtract the early-exit log-likelihood from the reward
-    batch_centering: str = "mean"  # the advantage baseline at each position: mean | leave_one_out over the
-    #   batch's rows (the paper), group | group_loo over the group_size draws of the same sequence, or none
-    group_size: int = 1  # K: independent boundary draws per training sequence (1: the paper). The encoder and
-    #   early-exit head run once per sequence, the token level and decoder on every draw (objectives.py)
+    batch_centering: str = "mean"  # advantage baseline per position: mean | leave_one_out over the batch's rows (the paper), group | group_loo over a sequence's draws, none
+    group_size: int = 1  # K boundary draws per training sequence (1: the paper); encoder once per sequence, token level and decoder per draw
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
     lambda_early: float = 1e-1  # weight of the early-exit loss

@@ -151,3 +151,18 @@ def test_config_checks():
     cfg = load_config(None, ["boundaries.name=uniform", "boundaries.group_size=2"])
     with pytest.raises(ValueError, match="same boundaries every time"):
         build_strategy(cfg.boundaries, 32)
+
+
+def test_trainer_step_draws_uniforms_for_every_draw_and_counts_their_flops(tmp_path, keep_threads):
+    from learntok.train.trainer import Trainer
+    from conftest import memory_data
+    cfg = tiny_config(group_size=3, batch_centering="group_loo")
+    cfg.train.tensorboard, cfg.train.threads = False, 1
+    trainer = Trainer(cfg, tmp_path / "run", progress=False, data=memory_data(cfg))
+    batch = trainer.data.train.next_batch()
+    B, T = batch.inputs.shape
+    assert trainer._uniforms(batch).shape == (3 * B, T)
+    metrics = trainer.train_step(batch)
+    assert trainer.flops == trainer.model.flops(B * T, int(metrics["tokens"]), 3)
+    assert int(metrics["tokens"]) > 3 * B  # every draw's tokens (at least BOS per row)
+    assert float(metrics["advantage_std"]) > 0 and bool(metrics["applied"])

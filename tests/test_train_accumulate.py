@@ -60,13 +60,15 @@ def accumulated(model, batch, u, n, recompute=True):
     return grads(model), metrics
 
 
-@pytest.mark.parametrize("centering, pieces, recompute", [
-    ("mean", 2, True), ("mean", 3, False), ("mean", 6, True),  # 6: one row per micro-batch
-    ("leave_one_out", 3, True), ("none", 2, False)])
-def test_micro_batches_give_the_whole_batch_gradient(centering, pieces, recompute):
+@pytest.mark.parametrize("centering, pieces, recompute, group", [
+    ("mean", 2, True, 1), ("mean", 3, False, 1), ("mean", 6, True, 1),  # 6: one row per micro-batch
+    ("leave_one_out", 3, True, 1), ("none", 2, False, 1),
+    ("group_loo", 3, True, 2), ("group", 2, False, 3), ("mean", 6, True, 2)])  # K draws per sequence
+def test_micro_batches_give_the_whole_batch_gradient(centering, pieces, recompute, group):
     batch = padded_batch()
-    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
-    ref_model = model_for(batch_centering=centering)
+    rows, T = batch.inputs.shape
+    u = torch.rand((rows * group, T), generator=torch.Generator().manual_seed(5))  # every draw's uniforms
+    ref_model = model_for(batch_centering=centering, group_size=group)
     acc_model = copy.deepcopy(ref_model)
     g_ref, m_ref = one_pass(ref_model, batch, u)
     g_acc, m_acc = accumulated(acc_model, batch, u, pieces, recompute)
