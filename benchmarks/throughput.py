@@ -7,6 +7,8 @@ Prints a table (it asserts nothing): step time, bytes/s, tokens/s, token-attenti
 utilisation (paper §4.2 accounting against --peak-tflops, default 989 bf16 dense for an H100 SXM on
 CUDA, none on CPU), peak memory, and the learned/fixed step-time ratio. `--dense-baseline` adds the
 same model with plain dense-mask attention (the "plain eager implementation" to compare against).
+`--group-sizes 2,4` adds the learned policy with K boundary draws per sequence (`boundaries.group_size`,
+the same batch of sequences) and prints each one's cost per byte of text relative to K = 1.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: 989 on cuda)")
     p.add_argument("--fixed", default="uniform", help="the fixed-boundary strategy to compare against")
     p.add_argument("--dense-baseline", action="store_true", help="also time dense-mask attention")
+    p.add_argument("--group-sizes", default="", help="comma-separated K: also time the learned policy with K draws")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -137,6 +140,12 @@ def main() -> None:
         names.append("learned, dense-mask attention")
         runs.append(Run(load_config(args.config, args.overrides + ["boundaries.name=learned"]), device, args.bf16,
                         False, sliding_window=dense_sliding_window))
+    groups = [int(k) for k in args.group_sizes.split(",") if k.strip()]
+    for k in groups:
+        names.append(f"learned, {k} draws per sequence")
+        runs.append(Run(load_config(args.config, args.overrides + ["boundaries.name=learned", f"boundaries.group_size={k}",
+                                                                  "boundaries.batch_centering=group_loo"]),
+                        device, args.bf16, args.compile))
     rows = list(zip(names, measure(runs, args.steps, args.warmup)))
 
     cfg = load_config(args.config, args.overrides)
@@ -154,6 +163,9 @@ def main() -> None:
     print(f"\nlearned / {args.fixed} step time: {learned['step_s'] / fixed['step_s']:.3f}")
     if args.dense_baseline:
         print(f"blocked / dense-mask bytes/s: {learned['bytes_s'] / rows[2][1]['bytes_s']:.2f}x")
+    for k, (name, r) in zip(groups, rows[len(rows) - len(groups):]):
+        print(f"K = {k}: time per byte of text {learned['bytes_s'] / r['bytes_s']:.2f}x K = 1's "
+              f"(FLOPs per byte {r['flops_s'] / r['bytes_s'] / (learned['flops_s'] / learned['bytes_s']):.2f}x)")
 
 
 if __name__ == "__main__":

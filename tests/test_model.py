@@ -21,13 +21,14 @@ def test_cpu_default_size_and_flops_accounting():
     d = 128
     # per byte block: qkv + out (4d^2) + GeGLU with hidden d (3d^2); per token block hidden 4d (12d^2)
     assert p["token"] == 2 * (4 * d * d + 12 * d * d)
-    head = 259 * d
-    # once per byte: encoder, policy, early-exit head; once per byte and draw: decoder, final head
-    assert p["byte"] == 2 * (4 * d * d + 3 * d * d) + head + d * (1 + cfg.boundaries.lags)
-    assert p["byte_per_draw"] == 2 * (4 * d * d + 3 * d * d) + head
-    assert model.flops(10, 2) == 6 * ((p["byte"] + p["byte_per_draw"]) * 10 + p["token"] * 2)
-    # K draws per byte: the decoder K times, the encoder once; n_tokens already counts every draw's
-    assert model.flops(10, 8, draws=4) == 6 * (p["byte"] * 10 + p["byte_per_draw"] * 40 + p["token"] * 8)
+    heads = 2 * 259 * d
+    assert p["byte"] == 4 * (4 * d * d + 3 * d * d) + heads + d * (1 + cfg.boundaries.lags)
+    assert model.flops(10, 2) == 6 * (p["byte"] * 10 + p["token"] * 2)
+    # K draws per byte: the decoder and final head K times, encoder, policy and early-exit head once;
+    # n_tokens already counts every draw's tokens
+    assert p["byte_per_draw"] == 2 * (4 * d * d + 3 * d * d) + heads // 2
+    once = p["byte"] - p["byte_per_draw"]
+    assert model.flops(10, 8, draws=4) == 6 * (once * 10 + p["byte_per_draw"] * 40 + p["token"] * 8)
 
 
 def test_early_exit_head_starts_as_copy_of_final_head():

@@ -310,19 +310,19 @@ class ByteUNet(nn.Module):
     # --- accounting ------------------------------------------------------------------------------
 
     def matrix_params(self) -> dict[str, int]:
-        """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible). `byte`: what
-        runs once per byte (encoder, boundary strategy, early-exit head); `byte_per_draw`: what runs once
-        per byte and boundary draw (decoder, head); `token`: the token level, once per token."""
-        return {"byte": (self.encoder.n_matrix_params() + self.boundaries.n_matrix_params()
-                         + self.early_head.proj.weight.numel()),
-                "byte_per_draw": self.decoder.n_matrix_params() + self.head.proj.weight.numel(),
-                "token": self.mid.n_matrix_params()}
+        """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible): `byte` and
+        `token`, and `byte_per_draw`, the part of `byte` that runs once per boundary draw (decoder, head)."""
+        per_draw = self.decoder.n_matrix_params() + self.head.proj.weight.numel()
+        byte_level = (self.encoder.n_matrix_params() + self.boundaries.n_matrix_params()
+                      + self.early_head.proj.weight.numel() + per_draw)
+        return {"byte": byte_level, "token": self.mid.n_matrix_params(), "byte_per_draw": per_draw}
 
     def flops(self, n_bytes: int, n_tokens: int, draws: int = 1) -> int:
         """Training FLOPs of one forward + backward over `n_bytes` bytes, each with `draws` boundary
         draws that made `n_tokens` tokens in all: 6 per matrix parameter per byte, draw or token."""
         p = self.matrix_params()
-        return 6 * (p["byte"] * n_bytes + p["byte_per_draw"] * n_bytes * draws + p["token"] * n_tokens)
+        per_byte = p["byte"] + (draws - 1) * p["byte_per_draw"]
+        return 6 * (per_byte * n_bytes + p["token"] * n_tokens)
 
 
 def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:
