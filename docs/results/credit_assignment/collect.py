@@ -2,6 +2,8 @@
 
     python docs/results/credit_assignment/collect.py OUT LABEL=COMPARE_DIR [LABEL=COMPARE_DIR ...]
 
+A folder that compared one strategy is labelled LABEL; one that compared several keeps the strategy names.
+
 Per run: held-out bpb at each evaluation (from its metrics.jsonl) and the final evaluation and boundary
 measures from the comparison's results.json; per setting: the mean and standard deviation over seeds."""
 
@@ -41,7 +43,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for arg in sys.argv[2:]:
-        label, folder = arg.split("=", 1)
+        label, folder = arg.rsplit("=", 1)  # labels may hold "=", paths do not
         runs += runs_of(label, Path(folder))
     settings = list(dict.fromkeys(r["setting"] for r in runs))
     lines = ["| setting | held-out bpb (mean ± sd over seeds) | per seed | whitespace precision | whitespace recall "
