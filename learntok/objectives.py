@@ -63,13 +63,10 @@ def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean",
     m = mask.to(values.dtype)
     if mode in ("group", "group_loo"):
         B, T = values.shape
-        per_group = (values * m).view(B // group, group, T)  # (sequences, draws, T)
-        total = per_group.sum(1, keepdim=True).expand_as(per_group).reshape(B, T)
-        if mode == "group":
-            baseline = total / group
-        else:
-            baseline = (total - values) / max(group - 1, 1)
-        return (values - baseline) * m
+        draws = (values * m).view(B // group, group, T)  # (sequences, draws, T)
+        total = draws.sum(1, keepdim=True)  # (sequences, 1, T)
+        baseline = total / group if mode == "group" else (total - draws) / max(group - 1, 1)
+        return (draws - baseline).view(B, T) * m
     if totals is None:
         total = (values * m).sum(0, keepdim=True)
         count = m.sum(0, keepdim=True)
