@@ -29,6 +29,14 @@ def timed(fn, repeats, device):
     return (time.perf_counter() - start) / repeats * 1e3
 
 
+def scan_inputs(B: int, T: int, w: int, seed: int = 0):
+    """Policy logits like a trained policy's (about 1 boundary in 5) and thresholds from uniforms."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(B, T, generator=g) - 1.4
+    lag = torch.randn(B, T, w, generator=g) * 0.3
+    return base, lag, thresholds_from_uniforms(torch.rand(B, T, generator=g), 10.0)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=128)
@@ -38,11 +46,8 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--reference", action="store_true", help="also time the Python reference (slow)")
     args = p.parse_args()
-    g = torch.Generator().manual_seed(0)
     B, T, w = args.batch, args.length, args.lags
-    base = torch.randn(B, T, generator=g) - 1.4
-    lag = torch.randn(B, T, w, generator=g) * 0.3
-    thr = thresholds_from_uniforms(torch.rand(B, T, generator=g), 10.0)
+    base, lag, thr = scan_inputs(B, T, w)
     device = torch.device(args.device)
     fast = [x.to(device) for x in (base, lag, thr)]
     kernel = "Triton" if device.type == "cuda" else "numba"

@@ -51,14 +51,14 @@ def synthetic_batch(batch_size: int, seq_len: int, seed: int = 0) -> Batch:
 class Run:
     """One model training on one fixed batch; `step()` times one optimizer step (the trainer's AdamW)."""
 
-    def __init__(self, cfg, device, bf16: bool, compile_model: bool, sliding_window=None):
+    def __init__(self, cfg, device, bf16: bool, compile_model: bool, sliding_window=None, compile_backend="inductor"):
         torch.manual_seed(0)
         self.sliding_window = sliding_window  # replaces layers.sliding_window_attention during this run's steps
         self.device, self.bf16 = device, bf16
         self.model = ByteUNet(cfg.model, cfg.boundaries).to(device)
         if compile_model:  # as the trainer does (train.compile): the three transformer stacks
             for stack in (self.model.encoder, self.model.mid, self.model.decoder):
-                stack.compile()
+                stack.compile(backend=compile_backend)  # aot_eager: the same graphs, seconds to trace (dry runs)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
         self.batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len).to(device)
         self.gen = torch.Generator(device=device).manual_seed(0)

@@ -87,7 +87,7 @@ class RunResult:
     curve: list = field(default_factory=list)  # [(flops, val_bpb)] during training
 
 
-class _BudgetTrainer(Trainer):
+class BudgetTrainer(Trainer):
     """The trainer, with `training_bytes` re-planned after each step so that the schedule ends at a FLOPs
     budget (see the module docstring). Uses only the trainer's public state."""
 
@@ -178,7 +178,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / OWNER_FILE).write_text(str(os.getpid()))
     try:
-        trainer = _BudgetTrainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data)
+        trainer = BudgetTrainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data)
         trainer.budget = settings.flops
         trainer.train()
     except (FloatingPointError, RuntimeError, ValueError) as e:  # NonFiniteError, CheckpointError, ...

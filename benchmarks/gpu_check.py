@@ -1,0 +1,629 @@
+"""The GPU acceptance run: environment, CUDA tests, figures and a learning comparison, in stages that
+each fit in one 10-minute command on one H100/H200, writing one Markdown report and its JSON.
+
+    python benchmarks/gpu_check.py --stage tests                                   # environment + CUDA tests (~2 min)
+    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, generation, FSDP2 (~7 min)
+    python benchmarks/gpu_check.py --stage learn --strategy uniform --data prose.jsonl.gz   # ~5 min
+    python benchmarks/gpu_check.py --stage learn --strategy learned --data prose.jsonl.gz   # same FLOPs as uniform's
+    python benchmarks/gpu_check.py --data prose.jsonl.gz                           # every stage in order (~25 min)
+    python benchmarks/gpu_check.py --dry-run                                       # all of it on a CPU, tiny sizes
+
+Every stage writes `part_<stage>.json` into the report folder (--out, else $OUT, else gpu_check/), and then
+`report.md` and `report.json` are rebuilt from every part found there: stages run one after another into
+one folder give one report, and `--stage report` rebuilds it from parts gathered from several commands.
+A stage that fails records its traceback in the report and the script exits 1; the other stages still run.
+
+The learning stage trains a paper aspect-ratio model (paper_aspect_n4: 23.5M parameters, 4 token-level
+layers at rate 1/4) at 128 x 4096 bytes per step on a corpus in the FineWeb layout (`--data`: a .jsonl.gz
+with a `text` field, or a directory made by `learntok prepare`; its val split is held out). The uniform
+run's FLOPs budget is what fits in `--learn-seconds` at its measured speed (fixed after the first steps,
+inside the learning-rate warm-up); the learned run gets the same FLOPs (from the uniform part in the
+report folder, or `--flops`). Every `--probe-every` seconds both print held-out bpb and where their
+boundaries fall (whitespace precision/recall, the paper's reference alignment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gzip
+import importlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import torch  # noqa: E402
+
+TARGETS = {"scan_ms": 1.0, "learned_over_uniform": 1.02, "mfu": 0.40}
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, SXM parts
+CUDA_TESTS = ["tests/test_cuda.py", "tests/test_scan.py", "tests/test_attention.py"]
+PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "matplotlib", "numpy"]
+
+
+@dataclasses.dataclass
+class Sizes:
+    """What each stage runs. `real()` is the acceptance run; `dry()` runs every line on a CPU in about a minute."""
+
+    scan: tuple = (128, 4096, 8)  # batch, length, lags
+    scan_repeats: int = 50
+    model_config: str = "paper_147m_fineweb"
+    # one micro-batch of the 147M config's 128 x 4096 step (16 micro-batches of 8): what a step's kernels see
+    model_overrides: tuple = ("train.batch_size=8", "train.micro_batches=1")
+    bf16: bool = True
+    attention: str = "flex"  # the byte level's kernel in the compiled rows (FlexAttention has no backward on a CPU)
+    compile_backend: str = "inductor"
+    steps: int = 10
+    warmup: int = 5
+    gen_bytes: int = 256
+    fsdp_overrides: tuple = ("train.batch_size=8", "train.micro_batches=1", "train.precision=bf16",
+                             "train.training_bytes=65536", "train.warmup_bytes=32768")
+    learn_config: str = "paper_aspect_n4"
+    learn_overrides: tuple = ("train.batch_size=128", "train.micro_batches=8", "train.precision=bf16",
+                              "train.compile=true", "model.attention=flex", "data.mode=packed",
+                              "train.warmup_bytes=1.05e7")  # 20 steps of warm-up
+    learn_seconds: float = 240.0
+    probe_every: float = 60.0
+    settle_steps: tuple = (3, 8)  # the speed is measured between these steps (after compilation)
+
+    @staticmethod
+    def real() -> "Sizes":
+        return Sizes()
+
+    @staticmethod
+    def dry() -> "Sizes":
+        tiny = ("model.d_model=32", "model.n_heads=2", "model.n_down_layers=1", "model.n_mid_layers=1",
+                "model.n_up_layers=1", "model.window=8", "train.seq_len=128", "train.device=cpu")
+        return Sizes(scan=(4, 256, 8), scan_repeats=2, model_config="cpu_default",
+                     model_overrides=tiny + ("train.batch_size=2", "train.micro_batches=1"), bf16=False, attention="blocked",
+                     compile_backend="aot_eager", steps=2, warmup=1, gen_bytes=12,
+                     fsdp_overrides=tiny + ("train.batch_size=2", "train.training_bytes=512", "train.warmup_bytes=256"),
+                     learn_config="cpu_default",
+                     learn_overrides=tiny + ("train.batch_size=4", "train.micro_batches=2", "data.mode=packed",
+                                             "train.warmup_bytes=2048"),
+                     learn_seconds=6.0, probe_every=2.0, settle_steps=(1, 3))
+
+
+def say(*args) -> None:
+    print(*args, flush=True)
+
+
+def guarded(fn, *args, **kwargs) -> dict:
+    """Run one figure; a failure becomes {"error": traceback} so that the other figures still run."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - reported, not hidden: the report shows it and the exit status is 1
+        text = traceback.format_exc()
+        say(text)
+        return {"error": text[-4000:]}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git checkout)"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+def peak_tflops(device: torch.device, given: float | None) -> float | None:
+    if given or device.type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+# --- stage: environment --------------------------------------------------------------------------
+
+def stage_env(args, sizes: Sizes, device: torch.device) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "device": device_name(device), "platform": platform.platform()}
+    for name in PACKAGES:
+        try:
+            info[name] = getattr(importlib.import_module(name), "__version__", "present")
+        except Exception as e:  # noqa: BLE001 - a missing package is a finding, not a crash
+            info[name] = f"missing ({type(e).__name__}: {e})"
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        info["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    bound = re.search(r'"torch>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    info["torch_bound"] = f">={bound.group(1)}" if bound else "none"
+    info["torch_bound_admits_installed"] = bool(bound is None or torch.__version__ >= bound.group(1))
+    info["install"] = install_learntok(dry_run=args.dry_run)
+    say("environment:", json.dumps(info, indent=1))
+    return info
+
+
+def install_learntok(dry_run: bool) -> str:
+    """Installed already (editable or not), or installed now without downloads (the machine may reach no
+    package registry: no dependencies, no build isolation)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"learntok {version('learntok')} already installed"
+    except PackageNotFoundError:
+        pass
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", str(ROOT)]
+    if dry_run:
+        return "not installed; a real run would run: " + " ".join(cmd)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    tail = (proc.stdout + proc.stderr)[-1500:]
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{tail}")
+    return "installed now: " + " ".join(cmd)
+
+
+# --- stage: CUDA tests ---------------------------------------------------------------------------
+
+def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    """The tests that need a CUDA device (they skip on a CPU): Triton scan bit for bit, FlexAttention and
+    SDPA against the dense reference, bf16 against fp32, compiled stacks without recompiles, causality."""
+    xml = work / "cuda_tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", f"--junitxml={xml}",
+           *CUDA_TESTS]
+    say("running:", " ".join(cmd[1:]))
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    say(output[-3000:])
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]
+    result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": proc.returncode,
+              "seconds": round(time.perf_counter() - start, 1), **counts,
+              "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+              "failed": failed, "output_tail": output[-3000:]}
+    if proc.returncode not in (0, 5) or failed:  # 5: nothing collected
+        result["error"] = f"{len(failed)} CUDA test(s) failed: {', '.join(failed) or output[-500:]}"
+    return result
+
+
+# --- stage: figures ------------------------------------------------------------------------------
+
+def stage_figures(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    out = {}
+    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("generation", figure_generation),
+                     ("fsdp", figure_fsdp)):
+        say(f"\n== figure: {name}")
+        out[name] = guarded(fn, args, sizes, device, work)
+    return out
+
+
+def figure_scan(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    from scan import scan_inputs, timed  # benchmarks/scan.py
+
+    from learntok.kernels.scan import scan_boundaries
+    B, T, w = sizes.scan
+    cpu_inputs = scan_inputs(B, T, w)
+    on_device = [x.to(device) for x in cpu_inputs]
+    ms = timed(lambda: scan_boundaries(*on_device), sizes.scan_repeats, device)
+    same = torch.equal(scan_boundaries(*on_device).cpu(), scan_boundaries(*cpu_inputs))
+    result = {"batch": B, "length": T, "lags": w, "kernel": "Triton" if device.type == "cuda" else "numba",
+              "ms": ms, "equal_to_cpu_scan": same}
+    if device.type == "cuda":
+        result["target_ms"] = TARGETS["scan_ms"]
+    say(f"scan {B} x {T}, w = {w}: {ms:.3f} ms ({result['kernel']}); equal to the CPU scan: {same}")
+    return result
+
+
+def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    """Learned and uniform with compiled stacks side by side (steps interleaved), and the two attention
+    kernels of the byte level (FlexAttention, and blocks of PyTorch SDPA) with eager stacks."""
+    import throughput as tp  # benchmarks/throughput.py
+
+    from learntok.config import load_config
+
+    def run(strategy: str, attention: str, compiled: bool):
+        cfg = load_config(sizes.model_config, [*sizes.model_overrides, f"boundaries.name={strategy}",
+                                               f"model.attention={attention}"])
+        return tp.Run(cfg, device, sizes.bf16, compiled, compile_backend=sizes.compile_backend)
+
+    fast = sizes.attention
+    specs = [(f"learned, compiled, {fast}", "learned", fast, True), (f"uniform, compiled, {fast}", "uniform", fast, True),
+             (f"learned, eager, {fast}", "learned", fast, False), ("learned, eager, blocked SDPA", "learned", "blocked", False)]
+    runs = [run(*spec[1:]) for spec in specs]
+    cfg = load_config(sizes.model_config, list(sizes.model_overrides))
+    n_params = sum(p.numel() for p in runs[0].model.parameters())
+    peak = peak_tflops(device, args.peak_tflops)
+    rows = []
+    for (name, *_), r in zip(specs, tp.measure(runs, sizes.steps, sizes.warmup)):
+        r["mfu"] = r["flops_s"] / 1e12 / peak if peak else None
+        rows.append({"run": name, **r})
+        mfu = f"{r['mfu']:.1%}" if peak else "n/a"
+        say(f"{name}: {r['step_s'] * 1e3:.1f} ms/step, {r['bytes_s']:,.0f} bytes/s, {r['flops_s'] / 1e12:.2f} TFLOP/s, "
+            f"MFU {mfu}, peak {r['peak_gib']:.2f} GiB")
+    ratio = rows[0]["step_s"] / rows[1]["step_s"]
+    result = {"config": sizes.model_config, "overrides": list(sizes.model_overrides), "parameters": n_params,
+              "batch": [cfg.train.batch_size, cfg.train.seq_len], "precision": "bf16" if sizes.bf16 else "fp32",
+              "compile_backend": sizes.compile_backend, "steps": sizes.steps, "warmup": sizes.warmup,
+              "peak_tflops": peak, "rows": rows, "learned_over_uniform": ratio,
+              "flex_over_sdpa_bytes_s": rows[2]["bytes_s"] / rows[3]["bytes_s"]}
+    say(f"learned / uniform step time (compiled): {ratio:.3f}; flex / blocked SDPA bytes/s (eager): "
+        f"{result['flex_over_sdpa_bytes_s']:.2f}")
+    missed = device.type == "cuda" and (ratio > TARGETS["learned_over_uniform"] or (rows[0]["mfu"] or 0) < TARGETS["mfu"])
+    if missed or args.dry_run:  # where the time goes (the dry run builds the table too, to test this line)
+        result["profile"] = profile_table(runs[0], device)
+        say(result["profile"])
+    return result
+
+
+def profile_table(run, device: torch.device, steps: int = 3) -> str:
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            run.step(timed=False)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60)
+
+
+def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    """Cached generation (prefill, then one step per byte) against a full forward pass per byte over the
+    prefix (exact for `learned`, whose boundaries look only backwards); random weights, fp32."""
+    from learntok.config import load_config
+    from learntok.generation import generate
+    from learntok.model.unet import ByteUNet
+
+    cfg = load_config(sizes.model_config, ["boundaries.name=learned"])
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries).to(device).eval()
+
+    def timed_generation(n: int, **kw):
+        generate(model, "The ", max_bytes=4, seed=0, stop_on_eos=False, threads=None, **kw)  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        g = generate(model, "The ", max_bytes=n, seed=0, stop_on_eos=False, threads=None, **kw)
+        sync(device)
+        return g, time.perf_counter() - start
+
+    n = sizes.gen_bytes
+    cached, t_cached = timed_generation(n)
+    full, t_full = timed_generation(n, use_cache=False, pad_uncached=False)
+    same = cached.data == full.data and cached.boundaries == full.boundaries
+    result = {"config": sizes.model_config, "bytes": n, "batch": 1, "precision": "fp32",
+              "cached_bytes_s": n / t_cached, "full_forward_bytes_s": n / t_full, "speedup": t_full / t_cached,
+              "same_bytes_and_boundaries": same}
+    say(f"generation, {n} bytes: cached {n / t_cached:,.1f} bytes/s, full forward per byte {n / t_full:,.1f} bytes/s "
+        f"({t_full / t_cached:.1f}x); same bytes and boundaries: {same}")
+    if not same:
+        result["error"] = "cached generation differs from a full forward pass per byte"
+    return result
+
+
+def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    """Two optimizer steps of `learntok train` under a one-process torchrun with FSDP2 (NCCL on a GPU,
+    gloo on a CPU), on the demo corpus, ending with a sharded-state checkpoint."""
+    run_dir = work / "fsdp_run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           "-m", "learntok.cli", "train", "--config", sizes.model_config, "--run-dir", str(run_dir), "--no-progress",
+           "train.parallel=fsdp", "data.source=demo", "train.log_every=1", "train.tensorboard=false",
+           *sizes.fsdp_overrides]
+    say("running:", " ".join(cmd[1:]))
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    output = proc.stdout + proc.stderr
+    say(output[-2000:])
+    result = {"command": " ".join(["torchrun"] + cmd[3:]), "returncode": proc.returncode,
+              "seconds": round(time.perf_counter() - start, 1)}
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    result["steps"] = [{k: r[k] for k in ("step", "loss", "bytes_per_s") if k in r} for r in rows]
+    result["checkpoints"] = sorted(p.name for p in run_dir.glob("step_*"))
+    if proc.returncode or not rows or not result["checkpoints"]:
+        result["error"] = f"torchrun FSDP2 step failed (exit {proc.returncode}):\n{output[-2000:]}"
+    return result
+
+
+# --- stage: learning -----------------------------------------------------------------------------
+
+def tiny_corpus(path: Path) -> Path:
+    """The dry run's corpus, in the FineWeb layout: sentences of common words."""
+    import random
+    rnd = random.Random(0)
+    words = "the of a to in tokens learn where bytes end model and is that it for on with as was".split()
+    lines = [json.dumps({"text": " ".join(rnd.choice(words) for _ in range(rnd.randint(20, 200))).capitalize() + "."})
+             for _ in range(400)]
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    return path
+
+
+def prepared_data(args, work: Path) -> Path:
+    source = Path(args.data) if args.data else (tiny_corpus(work / "tiny.jsonl.gz") if args.dry_run else None)
+    if source is None:
+        raise ValueError("the learning stage needs --data: a .jsonl.gz corpus with a `text` field "
+                         "(e.g. prose.jsonl.gz) or a directory made by `learntok prepare`")
+    if source.is_dir():
+        return source
+    out = work / "learn_data"
+    if not (out / "meta.json").exists():
+        from learntok.cli import main as cli
+        if cli(["prepare", str(source), "--out", str(out)]) != 0:
+            raise RuntimeError(f"learntok prepare {source} failed")
+    return out
+
+
+def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str) -> dict:
+    from learntok.analysis import analyse
+    from learntok.compare import BudgetTrainer
+    from learntok.config import load_config
+    from learntok.train.trainer import evaluate, make_data
+
+    flops = args.flops
+    uniform_part = out_dir / "part_learn_uniform.json"
+    if flops is None and strategy != "uniform":
+        if not uniform_part.exists():
+            raise ValueError(f"{strategy} needs the uniform run's FLOPs: run --stage learn --strategy uniform first "
+                             f"into {out_dir}, or give --flops")
+        flops = json.loads(uniform_part.read_text())["result"]["flops"]
+    data_dir = prepared_data(args, work)
+    overrides = [*sizes.learn_overrides, f"data.source={data_dir}", f"boundaries.name={strategy}", "train.eval_every=0",
+                 "train.checkpoint_every=0", "train.tensorboard=false", "train.log_every=10", "train.training_bytes=1e15"]
+    cfg = load_config(sizes.learn_config, overrides)
+    data = make_data(cfg)
+    run_dir = work / f"learn_{strategy}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+    class ProbedRun(BudgetTrainer):
+        """The FLOPs-budget trainer with a held-out probe every `probe_every` seconds; without a budget, the
+        budget is fixed once the speed is known (between the settle steps: after compilation, inside the
+        warm-up) to `learn_seconds` of training at that speed."""
+
+        def train_step(self, batch):
+            if self.step == sizes.settle_steps[0]:
+                sync(self.device)
+                self.mark = (self.flops, time.perf_counter())
+            if self.step == sizes.settle_steps[1] and flops is None:
+                sync(self.device)
+                rate = (self.flops - self.mark[0]) / (time.perf_counter() - self.mark[1])
+                self.budget = rate * sizes.learn_seconds
+                say(f"  speed {rate / 1e12:.2f} TFLOP/s -> budget {self.budget:.4g} FLOPs")
+            metrics = super().train_step(batch)
+            probe_due = time.perf_counter() - self.last_probe >= sizes.probe_every and self.step > sizes.settle_steps[1]
+            if probe_due or self.step >= self.total_steps:
+                self.probes.append(self.probe())
+                self.last_probe = time.perf_counter()
+            return metrics
+
+        @torch.no_grad()
+        def probe(self) -> dict:
+            with self._autocast():
+                ev = evaluate(self.model, self.data.val, device=self.device, max_rows=self.cfg.train.batch_size // self.cfg.train.micro_batches)
+                boundaries = analyse(self.model, self.data.val[:1], samples=1, seed=1234).summary()
+            row = {"seconds": round(time.perf_counter() - self.started, 1), "step": self.step, "bytes": self.bytes_seen,
+                   "flops": float(self.flops), "val_bpb": ev["bpb"], "rate": boundaries["rate"],
+                   "whitespace_precision": boundaries["whitespace_precision"],
+                   "whitespace_recall": boundaries["whitespace_recall"]}
+            say(f"  {strategy} {row['seconds']:6.0f} s, step {row['step']:5d}: held-out bpb {row['val_bpb']:.4f}, "
+                f"rate {row['rate']:.3f}, whitespace precision {row['whitespace_precision']:.3f} "
+                f"recall {row['whitespace_recall']:.3f}")
+            return row
+
+    say(f"training {strategy} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
+    trainer = ProbedRun(cfg, run_dir, progress=False, data=data)
+    trainer.budget = flops if flops is not None else 1e30  # fixed at the settle step for the uniform run
+    trainer.probes, trainer.started = [], time.perf_counter()
+    trainer.last_probe = trainer.started
+    trainer.train()
+    wall = time.perf_counter() - trainer.started
+    stochastic = getattr(trainer.model.boundaries, "stochastic", False)
+    with trainer._autocast():
+        final = evaluate(trainer.model, data.val, samples=2 if stochastic else 1, device=trainer.device,
+                         max_rows=cfg.train.batch_size // cfg.train.micro_batches)
+        boundaries = analyse(trainer.model, data.val, samples=1, seed=1234).summary()
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    result = {"strategy": strategy, "config": sizes.learn_config, "overrides": overrides, "parameters": n_params,
+              "batch": [cfg.train.batch_size, cfg.train.seq_len],
+              "data": data.description, "heldout_sequences": sum(len(b.inputs) for b in data.val),
+              "flops": float(trainer.flops), "bytes": float(trainer.bytes_seen), "steps": trainer.step,
+              "wall_s": round(wall, 1), "val_bpb": final["bpb"], "val_bpb_std_over_samples": final["bpb_std_over_samples"],
+              "eval_samples": final["samples"], "boundaries": boundaries, "probes": trainer.probes}
+    say(f"{strategy}: {trainer.step} steps, {trainer.bytes_seen / 1e6:.1f}M bytes, {trainer.flops:.4g} FLOPs in "
+        f"{wall:.0f} s; held-out bpb {final['bpb']:.4f}")
+    return result
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+def fmt(x, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def verdict(value: float | None, target: float, higher_is_better: bool = False) -> str:
+    if value is None:
+        return "not measured"
+    met = value >= target if higher_is_better else value <= target
+    if met:
+        return "**met**"
+    return f"**missed** by {abs(value - target) / target:.0%}"
+
+
+def render(parts: dict) -> str:
+    lines = ["# GPU acceptance report", ""]
+    for stage, part in parts.items():
+        meta = part.get("meta", {})
+        lines.append(f"- `{stage}`: {meta.get('date', '?')}, {meta.get('device', '?')}, commit {meta.get('commit', '?')}"
+                     f"{' (DRY RUN: tiny sizes on a CPU, figures meaningless)' if meta.get('dry_run') else ''}: "
+                     f"`{meta.get('command', '?')}`")
+    lines.append("")
+    env = parts.get("env", {}).get("result")
+    if env:
+        lines += ["## Environment", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
+    tests = parts.get("tests", {}).get("result")
+    if tests:
+        lines += ["## CUDA tests", "", f"`{tests.get('command', '')}`: {tests.get('passed', 0)} passed, "
+                  f"{tests.get('failures', 0) + tests.get('errors', 0)} failed, {tests.get('skipped', 0)} skipped "
+                  f"in {tests.get('seconds', '?')} s", ""]
+        if tests.get("failed") or tests.get("error"):
+            lines += ["Failed: " + ", ".join(tests.get("failed", [])), "", "```", tests.get("output_tail", ""), "```", ""]
+    figures = parts.get("figures", {}).get("result")
+    if figures:
+        lines += ["## Figures", ""] + render_figures(figures)
+    learn = {k.removeprefix("learn_"): v.get("result") for k, v in parts.items() if k.startswith("learn_")}
+    if learn:
+        lines += ["## Learning: uniform and learned boundaries at the same FLOPs", ""] + render_learn(learn)
+    errors = [f"- `{stage}`: see the traceback in report.json" for stage, part in parts.items() if has_error(part)]
+    if errors:
+        lines += ["## Failures", ""] + errors + [""]
+    return "\n".join(lines)
+
+
+def render_figures(fig: dict) -> list[str]:
+    out = []
+    scan = fig.get("scan", {})
+    if "ms" in scan:
+        target = f"; target <= {scan['target_ms']} ms: {verdict(scan['ms'], scan['target_ms'])}" if "target_ms" in scan else ""
+        out += [f"**Boundary scan** {scan['batch']} x {scan['length']}, w = {scan['lags']} ({scan['kernel']}): "
+                f"{scan['ms']:.3f} ms{target}; equal to the CPU scan bit for bit: {scan['equal_to_cpu_scan']}", ""]
+    tp = fig.get("throughput", {})
+    if "rows" in tp:
+        out += [f"**Training step**, {tp['config']} ({tp['parameters'] / 1e6:.1f}M parameters), one micro-batch of "
+                f"{tp['batch'][0]} x {tp['batch'][1]} bytes, {tp['precision']}, compile backend {tp['compile_backend']}, "
+                f"median of {tp['steps']} steps after {tp['warmup']} (steps interleaved), MFU against "
+                f"{fmt(tp['peak_tflops'], '.0f')} TFLOP/s:", "",
+                "| run | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in tp["rows"]:
+            out.append(f"| {r['run']} | {r['step_s'] * 1e3:.1f} | {r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | "
+                       f"{r['padding']:.3f} | {r['flops_s'] / 1e12:.2f} | {fmt(r['mfu'], '.1%')} | {r['peak_gib']:.2f} |")
+        mfu = tp["rows"][0]["mfu"]
+        out += ["", f"learned / uniform step time (compiled): {tp['learned_over_uniform']:.3f} (target <= "
+                f"{TARGETS['learned_over_uniform']}: {verdict(tp['learned_over_uniform'], TARGETS['learned_over_uniform'])}); "
+                f"MFU {fmt(mfu, '.1%')} (target >= {TARGETS['mfu']:.0%}: {verdict(mfu, TARGETS['mfu'], True)}); "
+                f"FlexAttention / blocked SDPA bytes/s (eager stacks): {tp['flex_over_sdpa_bytes_s']:.2f}x", ""]
+        if tp.get("profile"):
+            out += ["Where the time goes (learned, compiled; torch.profiler, 3 steps, top 15 by self time):", "",
+                    "```", tp["profile"], "```", ""]
+    gen = fig.get("generation", {})
+    if "cached_bytes_s" in gen:
+        out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "
+                f"{gen['cached_bytes_s']:,.1f} bytes/s, a full forward pass per byte {gen['full_forward_bytes_s']:,.1f} bytes/s "
+                f"({gen['speedup']:.1f}x); same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
+    fsdp = fig.get("fsdp", {})
+    if "returncode" in fsdp:
+        steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))
+        out += [f"**FSDP2**, `{fsdp['command']}`: exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
+                f"checkpoints {', '.join(fsdp.get('checkpoints', [])) or 'none'}", ""]
+    for name, item in fig.items():
+        if "error" in item:
+            out += [f"**{name} failed:**", "", "```", item["error"][-1500:], "```", ""]
+    return out
+
+
+def render_learn(learn: dict) -> list[str]:
+    out = ["| strategy | parameters | steps | bytes | FLOPs | wall (s) | held-out bpb | rate | whitespace precision | "
+           "whitespace recall |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in learn.items():
+        if not r or "val_bpb" not in r:
+            continue
+        b = r["boundaries"]
+        out.append(f"| {name} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
+                   f"{r['wall_s']} | {r['val_bpb']:.4f} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
+                   f"{b['whitespace_recall']:.3f} |")
+    first = next((r for r in learn.values() if r and "val_bpb" in r), None)
+    if first:
+        out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
+                f"{' '.join(first['overrides'])}; data: {first['data']}; held out: "
+                f"{first['heldout_sequences']} sequences of its val split (bpb with sampled boundaries, mean of "
+                f"{first['eval_samples']} draws for learned). One seed each.", "", "Probes during training:", "",
+                "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall |",
+                "|---|---|---|---|---|---|---|"]
+        for name, r in learn.items():
+            for p in (r or {}).get("probes", []):
+                out.append(f"| {name} | {p['seconds']} | {p['step']} | {p['val_bpb']:.4f} | {p['rate']:.3f} | "
+                           f"{p['whitespace_precision']:.3f} | {p['whitespace_recall']:.3f} |")
+    out.append("")
+    return out
+
+
+def has_error(part) -> bool:
+    if isinstance(part, dict):
+        return "error" in part or any(has_error(v) for v in part.values())
+    return False
+
+
+def write_report(out_dir: Path) -> Path:
+    parts = {p.stem.removeprefix("part_"): json.loads(p.read_text()) for p in sorted(out_dir.glob("part_*.json"))}
+    (out_dir / "report.json").write_text(json.dumps(parts, indent=1))
+    (out_dir / "report.md").write_text(render(parts))
+    return out_dir / "report.md"
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--stage", choices=["all", "tests", "figures", "learn", "report"], default="all")
+    p.add_argument("--strategy", choices=["uniform", "learned", "both"], default="both",
+                   help="learn stage: which run (uniform first: it sets the FLOPs budget)")
+    p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
+    p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
+    p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")
+    p.add_argument("--learn-seconds", type=float,
+                   help="learn stage: seconds of uniform training (after compilation) that set the budget (default 240)")
+    p.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: from the GPU's name)")
+    p.add_argument("--dry-run", action="store_true", help="every stage on a CPU with tiny sizes")
+    args = p.parse_args(argv)
+    sizes = Sizes.dry() if args.dry_run else Sizes.real()
+    if args.learn_seconds:
+        sizes.learn_seconds = args.learn_seconds
+    out_dir = Path(args.out or os.environ.get("OUT") or "gpu_check")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        say("no CUDA device: use --dry-run to run every stage on a CPU with tiny sizes")
+        return 2
+    if args.stage == "report":
+        say(f"report: {write_report(out_dir)}")
+        return 0
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": device_name(device), "commit": commit(), "dry_run": args.dry_run,
+            "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    stages = [("env", lambda w: stage_env(args, sizes, device))]
+    if args.stage in ("all", "tests"):
+        stages.append(("tests", lambda w: stage_tests(args, sizes, device, w)))
+    if args.stage in ("all", "figures"):
+        stages.append(("figures", lambda w: stage_figures(args, sizes, device, w)))
+    if args.stage in ("all", "learn"):
+        for strategy in (["uniform", "learned"] if args.strategy == "both" else [args.strategy]):
+            stages.append((f"learn_{strategy}", lambda w, s=strategy: stage_learn(args, sizes, device, w, out_dir, s)))
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        for name, fn in stages:
+            say(f"\n=== stage {name}")
+            start = time.perf_counter()
+            result = guarded(fn, Path(tmp))
+            part = {"meta": {**meta, "seconds": round(time.perf_counter() - start, 1)}, "result": result}
+            (out_dir / f"part_{name}.json").write_text(json.dumps(part, indent=1, default=str))
+            failed |= has_error(result)
+            say(f"=== stage {name}: {part['meta']['seconds']} s; report: {write_report(out_dir)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The model on a CUDA device: the attention kernels against the dense reference, bf16 against fp32,
+compiled stacks without recompiles, and causality with the Triton scan drawing the boundaries. Every
+test skips without a CUDA device; `benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
+
+import pytest
+import torch
+
+from conftest import random_inputs, tiny_config
+from learntok.data.batch import Batch
+from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
+from learntok.model.unet import ByteUNet
+from test_attention import dense_reference, qkv
+from test_train import tiny_trainer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("kernel", ["blocked_sdpa", "flex"])
+@pytest.mark.parametrize("window", [64, None])
+def test_attention_on_cuda_equals_dense_reference(kernel, window):
+    q, k, v = qkv(300, B=2, H=4, hd=32)
+    if kernel == "flex":
+        out = flex_attention(q.cuda(), k.cuda(), v.cuda(), window, 50.0)
+    elif window:
+        out = sliding_window_attention(q.cuda(), k.cuda(), v.cuda(), window, 50.0)
+    else:
+        out = causal_attention(q.cuda(), k.cuda(), v.cuda(), 50.0)
+    # TF32 matmuls may be on: a looser bound than on a CPU, still far below any masking mistake
+    assert torch.allclose(out.double().cpu(), dense_reference(q, k, v, window, 50.0), atol=2e-3)
+
+
+def model_on_cuda(name: str, attention: str = "blocked") -> ByteUNet:
+    cfg = tiny_config(name=name)
+    cfg.model.attention = attention
+    torch.manual_seed(0)
+    return ByteUNet(cfg.model, cfg.boundaries).cuda()
+
+
+@pytest.mark.parametrize("attention", ["blocked", "flex"])
+def test_bf16_forward_backward_is_finite_and_close_to_fp32_on_cuda(attention):
+    """bf16 autocast with fp32 weights (train.precision=bf16): uniform boundaries, so that both precisions
+    see the same tokens, and the learned policy for finiteness of the policy terms."""
+    inputs = random_inputs(4, 256).cuda()
+    batch = Batch(inputs, torch.cat([inputs[:, 1:], inputs[:, :1]], dim=1))
+    model = model_on_cuda("uniform", attention)
+    losses, grads = [], []
+    for bf16 in (False, True):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss, _, _ = model.loss(batch, torch.Generator(device="cuda").manual_seed(0))
+        loss.backward()
+        losses.append(loss.float())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.isfinite(losses[1]) and torch.isfinite(grads[1]).all()
+    assert abs(losses[1] - losses[0]) < 0.02 * losses[0]
+    assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
+
+    learned = model_on_cuda("learned", attention)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, metrics, _ = learned.loss(batch, torch.Generator(device="cuda").manual_seed(0))
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in learned.parameters() if p.grad is not None)
+    assert float(metrics["boundary_rate"]) > 0
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_future_bytes_never_change_past_outputs_on_cuda(training):
+    """The learned policy's boundaries drawn by the Triton scan from fixed uniforms (a seeded draw):
+    changing byte k changes no output, probability or boundary before k, and does change logits from k."""
+    model = model_on_cuda("learned")
+    with torch.no_grad():
+        for p in model.boundaries.parameters():
+            p.normal_(std=1.0)
+    model.train(training)
+    inputs = random_inputs(3, 48, seed=1).cuda()
+    uniforms = torch.rand(inputs.shape, generator=torch.Generator().manual_seed(0)).cuda()
+
+    def outputs(x):
+        with torch.no_grad():
+            out = model(x, uniforms=uniforms)
+        return {"logits": out.logits, "early_logits": out.early_logits, "probs": out.boundaries.probs,
+                "a": out.boundaries.a}
+
+    base = outputs(inputs)
+    assert 0 < base["a"].float().mean() < 1  # real, varied boundaries
+    for k in [1, 5, 17, 30, 47]:
+        perturbed = inputs.clone()
+        perturbed[:, k] = (perturbed[:, k] + 1 + k) % 256
+        new = outputs(perturbed)
+        for name in base:
+            assert torch.equal(base[name][:, :k], new[name][:, :k]), f"{name} at positions < {k} changed"
+        assert not torch.equal(base["logits"][:, k:], new["logits"][:, k:])
+
+
+def test_compiled_stacks_do_not_recompile_on_cuda(tmp_path, keep_threads):
+    """train.compile with inductor on the device: the token level sees a different token count almost
+    every step; the stacks compile once (a dynamic token count) and train like the eager model."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    eager = tiny_trainer(tmp_path / "eager", log_every=100, checkpoint_every=0, device="cuda")
+    compiled = tiny_trainer(tmp_path / "compiled", compile=True, log_every=100, checkpoint_every=0, device="cuda")
+    slots, frames = set(), []
+    for _ in range(6):
+        a = eager.train_step(eager.data.train.next_batch())
+        b = compiled.train_step(compiled.data.train.next_batch())
+        slots.add(int(b["token_slots"]))
+        frames.append(counters["frames"]["total"])
+        assert torch.allclose(a["loss"], b["loss"], rtol=1e-3, atol=1e-4)
+    assert len(slots) >= 2
+    assert frames[0] <= 3 and frames == frames[:1] * 6, frames

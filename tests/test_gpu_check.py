@@ -1,0 +1,49 @@
+"""The GPU acceptance run (benchmarks/gpu_check.py) end to end on a CPU with tiny sizes, so that the
+first real run on a GPU cannot die on a typo, a missing import or a report that does not render."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def gpu_check(*args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}  # the report goes to --out
+    return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**env, "OMP_NUM_THREADS": "1"})
+
+
+def test_dry_run_writes_every_part_of_the_report(tmp_path):
+    proc = gpu_check("--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    parts = json.loads((tmp_path / "report.json").read_text())
+    assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "tests"]
+    assert all(p["meta"]["dry_run"] for p in parts.values())
+    env, tests, figures = (parts[k]["result"] for k in ("env", "tests", "figures"))
+    assert env["torch_bound_admits_installed"] is True
+    assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
+    assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
+    assert [r["run"] for r in figures["throughput"]["rows"]][:2] == ["learned, compiled, blocked", "uniform, compiled, blocked"]
+    assert "aten::" in figures["throughput"]["profile"]  # the profiler table a missed target gets
+    assert figures["generation"]["same_bytes_and_boundaries"] is True
+    assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
+    uniform, learned = parts["learn_uniform"]["result"], parts["learn_learned"]["result"]
+    # the learned run stops at the first step that reaches the uniform run's FLOPs
+    step = learned["flops"] / learned["steps"]
+    assert uniform["flops"] <= learned["flops"] < uniform["flops"] + 1.5 * step
+    assert uniform["probes"] and learned["probes"] and learned["probes"][-1]["step"] == learned["steps"]
+    report = (tmp_path / "report.md").read_text()
+    for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
+        assert heading in report
+    assert "## Failures" not in report
+
+
+def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_path):
+    proc = gpu_check("--stage", "learn", "--strategy", "learned", "--out", str(tmp_path))
+    assert proc.returncode == 1
+    assert "run --stage learn --strategy uniform first" in proc.stdout
+    assert "`learn_learned`: see the traceback" in (tmp_path / "report.md").read_text()
