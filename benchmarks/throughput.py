@@ -152,7 +152,7 @@ def main() -> None:
     print(f"config {args.config} {' '.join(args.overrides)}: batch {cfg.train.batch_size} x {cfg.train.seq_len} bytes, "
           f"device {device}{' bf16' if args.bf16 else ' fp32'}{' compiled' if args.compile else ''}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print(f"| strategy | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) |")
+    print("| strategy | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         mfu = f"{r['flops_s'] / 1e12 / peak:.1%}" if peak else "n/a"

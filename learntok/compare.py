@@ -44,7 +44,8 @@ import torch
 
 from .data.bpe import bpe_boundaries
 from .config import RunConfig, load_config, to_dict
-from .train.trainer import Trainer, build_model, evaluate, make_data, read_metrics
+from .data.loader import make_data
+from .train.trainer import Trainer, build_model, evaluate, read_metrics
 
 DEFAULT_STRATEGIES = ("learned", "uniform", "random", "whitespace", "entropy", "bpe", "dynamic_pooling", "hnet")
 # one colour per strategy in every plot (the paper's figure 3: ours green, uniform blue, straight-through orange)

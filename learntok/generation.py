@@ -25,8 +25,8 @@ import torch
 from .data.batch import BOS, EOS, PAD
 from .display import Segmentation
 from .hub import default_context
+from .objectives import LN2
 
-LN2 = math.log(2.0)
 
 
 # --- sampling ------------------------------------------------------------------------------------

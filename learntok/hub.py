@@ -266,7 +266,7 @@ def load_directory(directory: str | Path, device: str | torch.device = "cpu", so
 def load_run(path: str | Path, device: str | torch.device = "cpu"):
     """Load the newest checkpoint of a training run (or one `step_*` checkpoint), with what the run
     recorded about its training (bytes seen, the last held-out bits per byte)."""
-    from .model.loading import load_model
+    from .train.checkpoint import load_model
 
     model, cfg = load_model(path, device)
     ckpt = ckpt_io.latest_checkpoint(Path(path))

@@ -6,7 +6,7 @@ import torch
 from learntok.config import RunConfig, load_config
 from learntok.data.batch import BOS
 from learntok.data.demo import StreamBatches, stream_eval_batches
-from learntok.train.trainer import DataSources
+from learntok.data.loader import DataSources
 
 
 def tiny_config(**boundaries) -> RunConfig:

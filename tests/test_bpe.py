@@ -206,7 +206,8 @@ def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path):
     from learntok.generation import generate
     from learntok.hub import from_pretrained, save_pretrained
     from learntok.train import checkpoint as ckpt_io
-    from learntok.train.trainer import DataSources, Trainer
+    from learntok.data.loader import DataSources
+    from learntok.train.trainer import Trainer
 
     from conftest import tiny_config
     cfg = tiny_config(name="bpe")

@@ -14,7 +14,8 @@ import pytest
 from learntok.cli import main as cli_main
 from learntok.compare import CompareSettings, aggregate, flops_per_byte, table_markdown
 from learntok.config import load_config
-from learntok.train.trainer import build_model, make_data
+from learntok.data.loader import make_data
+from learntok.train.trainer import build_model
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_down_layers=1", "model.n_mid_layers=1", "model.n_up_layers=1",
         "model.window=8", "train.seq_len=64", "train.batch_size=4", "train.threads=1", "train.tensorboard=false",

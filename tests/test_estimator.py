@@ -8,7 +8,6 @@ so that, for gamma = 1 and no baseline, E_a grad L(a) must equal -(1/n) grad J e
 
 import itertools
 
-import pytest
 import torch
 
 from learntok.data.batch import Batch

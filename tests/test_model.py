@@ -1,12 +1,10 @@
 """The U-Net's pieces that the other tests do not reach."""
 
-import math
 
 import torch
 
 from learntok.config import load_config
-from learntok.data.batch import BOS, PAD, Batch
-from learntok.kernels.scan import thresholds_from_uniforms
+from learntok.data.batch import PAD, Batch
 from learntok.model.unet import ByteUNet
 
 from conftest import random_inputs, tiny_config

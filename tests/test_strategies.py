@@ -338,7 +338,8 @@ def one_thread():
 
 def train_a_few_steps(name: str, steps: int = 20, tmp_path=None, **extra) -> list[dict]:
     from learntok.data.demo import StreamBatches, stream_eval_batches
-    from learntok.train.trainer import DataSources, Trainer
+    from learntok.data.loader import DataSources
+    from learntok.train.trainer import Trainer
     cfg = tiny_config(name=name, **extra)
     cfg.train.lr = 1e-2
     cfg.train.warmup_bytes = 0
@@ -402,3 +403,31 @@ def test_learned_ablations_train(extra, tmp_path, one_thread):
     rows = train_a_few_steps("learned", steps=16, tmp_path=tmp_path, **extra)
     assert_learns(rows)
     assert 0.05 < realised_rate(rows) < 0.4
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_capability_attributes_say_what_the_strategy_does(name):
+    """`length_dependent`: padding a row changes its decisions exactly for the strategies that say so
+    (scoring pads those rows to one length; the entropy strategy until its threshold is calibrated). `thresholdable`: with every uniform at 1/2 the decision is
+    p > 1/2, a deterministic threshold rule (scoring's threshold and quantile modes)."""
+    from test_causality import supplied_for, warm_up
+    cfg = tiny_config(name=name)
+    model = ByteUNet(cfg.model, cfg.boundaries).eval()
+    with torch.no_grad():
+        for p in model.boundaries.parameters():
+            p.normal_(std=30.0)  # probabilities spread over (0, 1), so that a threshold rule decides both ways
+    inputs = random_inputs(2, 40, seed=3)
+    padded = torch.cat([inputs, torch.full((2, 24), PAD)], dim=1)
+    warm_up(model, inputs)
+    u = torch.rand(padded.shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        short = model(inputs, supplied=supplied_for(model, inputs), uniforms=u[:, :40]).boundaries
+        long = model(padded, supplied=supplied_for(model, padded), uniforms=u).boundaries
+        half = model(inputs, supplied=supplied_for(model, inputs), uniforms=torch.full(inputs.shape, 0.5))
+    assert (not torch.equal(short.a, long.a[:, :40])) == model.boundaries.length_dependent
+    if model.boundaries.thresholdable:
+        free = ~half.forced
+        decided = half.boundaries.a[free]
+        assert torch.equal(decided, (half.boundaries.probs > 0.5)[free])
+        assert 0 < decided.float().mean() < 1  # a real mix of decisions
+        assert model.boundaries.stochastic

@@ -94,8 +94,15 @@ class BoundaryStrategy(nn.Module):
     """Base class. Subclasses set `name` and implement `forward`."""
 
     name: str = ""
-    # True for strategies whose boundaries are sampled: evaluation then averages over seeds.
+    # Capabilities, read by evaluation and generation instead of strategy names:
+    # boundaries are sampled (evaluation averages over seeds)
     stochastic: bool = False
+    # a sampled decision compares a per-byte logit with logit(u), so a constant u is a deterministic
+    # threshold rule (scoring's `threshold` and `quantile` modes); `random` has no such probability
+    thresholdable: bool = False
+    # a row's decisions depend on its padded length (evenly spaced over the row): scoring pads every row
+    # to the same length so that a text gets the same boundaries in any batch
+    length_dependent: bool = False
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__()

@@ -62,6 +62,7 @@ class PoolingCache:
 class DynamicPooling(BoundaryStrategy):
     name = "dynamic_pooling"
     stochastic = True
+    thresholdable = True  # Gumbel-sigmoid: a = [l > -logit(u)]
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)

@@ -125,6 +125,11 @@ class EntropyPatching(BoundaryStrategy):
         # whether theta gave about the target rate on the last training batch (else: uniform boundaries)
         self.register_buffer("active", torch.zeros((), dtype=torch.bool))
 
+    @property
+    def length_dependent(self) -> bool:
+        """Until calibrated, the boundaries are uniform over the row, whose length then matters."""
+        return not bool(self.active)
+
     def forward(self, inp: BoundaryInput) -> Boundaries:
         extras = {}
         if self.own is not None:

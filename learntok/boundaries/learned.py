@@ -42,6 +42,7 @@ def lagged(a: torch.Tensor, w: int) -> torch.Tensor:
 class LearnedPolicy(BoundaryStrategy):
     name = "learned"
     stochastic = True
+    thresholdable = True  # a = [l > logit(u)]
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)

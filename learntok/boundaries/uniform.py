@@ -27,6 +27,7 @@ def uniform_boundaries(n: int, rate: float, device=None) -> torch.Tensor:
 
 class Uniform(BoundaryStrategy):
     name = "uniform"
+    length_dependent = True
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         B, T = inp.inputs.shape

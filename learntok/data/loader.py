@@ -29,13 +29,16 @@ each sequence once per epoch.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..config import RunConfig
 from .batch import BOS, PAD, Batch
 from .shards import Split, Track, open_split
 
@@ -267,12 +270,43 @@ class ShardedBatches:
         self._perms = {}
 
 
+@dataclass
+class DataSources:
+    """A run's data: its training batches (resumable), its fixed held-out batches, and how they were made."""
+
+    train: object  # .next_batch() -> Batch, .state_dict(), .load_state_dict()
+    val: list[Batch]  # fixed held-out batches
+    description: str
+    segmenter: object = None  # the BPE tokenizer behind a `bpe` track: the model keeps it (to segment new text)
+
+
+def rank_config(cfg: RunConfig, world_size: int) -> RunConfig:
+    """The config a rank's data loader sees: its share of the global batch (`batch_size / world_size`
+    rows), and as many more held-out batches, so that the held-out sequences are those of one process."""
+    if world_size == 1:
+        return cfg
+    out = copy.deepcopy(cfg)
+    out.train.batch_size = cfg.train.batch_size // world_size
+    out.train.eval_batches = cfg.train.eval_batches * world_size
+    return out
+
+
+def make_data(cfg: RunConfig, rank: int = 0, world_size: int = 1) -> DataSources:
+    """This rank's data; `cfg` is the rank's (see `rank_config`)."""
+    if cfg.data.source == "demo":  # windows of the demo corpus (with BPE boundaries for boundaries.name=bpe)
+        return open_demo(cfg, rank=rank, world_size=world_size)
+    # a directory made by `learntok prepare`
+    if not Path(cfg.data.source).is_dir():
+        raise FileNotFoundError(f"data.source={cfg.data.source!r} is neither 'demo' nor a directory; make one with "
+                                f"`learntok prepare CORPUS --out {cfg.data.source}`")
+    return open_prepared(cfg, rank=rank, world_size=world_size)
+
+
 def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
     """The trainer's data from a prepared directory (`cfg.data.source`): shuffled training batches for
     this rank, and a fixed list of up to `cfg.train.eval_batches` validation batches (the first
-    sequences of the `val` split, the same on every rank). Returns `learntok.train.trainer.DataSources`."""
+    sequences of the `val` split, the same on every rank). Returns `DataSources`."""
     from ..boundaries import STRATEGIES, supplied_track
-    from ..train.trainer import DataSources  # imported here: the trainer imports this module lazily too
     from .shards import read_meta
 
     t, path, mode = cfg.train, Path(cfg.data.source), cfg.data.mode
@@ -319,7 +353,6 @@ def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
     held-out windows; for strategies that take boundaries from the data (`bpe`), the BPE boundaries are
     computed here in memory (cached, `learntok.data.bpe.demo_bpe`). Returns `DataSources`."""
     from ..boundaries import STRATEGIES, supplied_track
-    from ..train.trainer import DataSources
     from .demo import StreamBatches, build_demo_corpus, stream_eval_batches
 
     t = cfg.train

@@ -63,6 +63,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
+from ..objectives import LN2
+
 __all__ = [
     "TASKS",
     "DEFAULT_FILES",
@@ -94,7 +96,6 @@ __all__ = [
     "ratio_and_se",
 ]
 
-LN2 = math.log(2.0)
 
 #: Task keys, in the column order of the paper's Table 1 (held-out text is not a benchmark file).
 TASKS: tuple[str, ...] = ("piqa", "hellaswag", "arc_easy", "lambada")

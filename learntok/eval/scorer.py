@@ -69,7 +69,6 @@ from .benchmarks import ContinuationScore
 
 __all__ = [
     "BOUNDARY_MODES",
-    "LENGTH_DEPENDENT_STRATEGIES",
     "ModelScore",
     "UNetScorer",
     "pair_seed",
@@ -77,14 +76,6 @@ __all__ = [
 ]
 
 BOUNDARY_MODES = ("sampled", "threshold", "quantile")
-
-#: Strategies whose decisions depend on the padded row length: rows are padded to `max_len`.
-LENGTH_DEPENDENT_STRATEGIES = frozenset({"uniform"})
-
-#: Sampling strategies that turn a per-byte probability into a decision by comparing its logit with
-#: logit(u) (learned: a = [l > logit(u)]; dynamic pooling's Gumbel-sigmoid: a = [l > -logit(u)]), so
-#: that a constant u gives a deterministic threshold rule. `random` has no such probability.
-THRESHOLDABLE_STRATEGIES = frozenset({"learned", "dynamic_pooling"})
 
 
 @dataclass(frozen=True)
@@ -171,7 +162,7 @@ class UNetScorer:
             raise ValueError(f"the {self.strategy!r} strategy takes its boundaries from the data "
                              f"({strategy.supplied_track!r} track); {what}")
         self.stochastic = bool(getattr(strategy, "stochastic", False))
-        if self.stochastic and mode != "sampled" and self.strategy not in THRESHOLDABLE_STRATEGIES:
+        if self.stochastic and mode != "sampled" and not strategy.thresholdable:
             raise ValueError(f"boundary mode {mode!r} needs a per-byte boundary probability; the {self.strategy!r} "
                              f"strategy has none: use mode='sampled'")
         self.mode = mode if self.stochastic else "deterministic"
@@ -181,7 +172,7 @@ class UNetScorer:
         self.overlap = max_len // 2 if overlap is None else overlap
         split_windows(b"", b"", max_len, self.overlap)  # validates max_len and overlap
         self.batch_size = batch_size
-        self.pad_to_max = self.strategy in LENGTH_DEPENDENT_STRATEGIES
+        self.pad_to_max = strategy.length_dependent  # rows padded to max_len (see BoundaryStrategy)
         self.tau = tau
         self.calibration: dict | None = None
         self.run_config = None  # the run's RunConfig when loaded with `from_run`
@@ -190,9 +181,9 @@ class UNetScorer:
     @classmethod
     def from_run(cls, path: str | Path, *, device: str | torch.device = "cpu", max_len: int | None = None,
                  **kwargs) -> UNetScorer:
-        """Load a run directory or checkpoint (`learntok.model.loading.load_model`); ``max_len``
+        """Load a run directory or checkpoint (`learntok.train.checkpoint.load_model`); ``max_len``
         defaults to the run's ``train.seq_len``."""
-        from ..model.loading import load_model
+        from ..train.checkpoint import load_model
 
         model, cfg = load_model(path, device=device)
         scorer = cls(model, max_len=max_len or cfg.train.seq_len, device=device, **kwargs)

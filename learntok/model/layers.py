@@ -8,7 +8,6 @@ everything but the attention pattern on the real positions only."""
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 

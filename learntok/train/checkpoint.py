@@ -28,6 +28,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..config import RunConfig, from_dict
+from ..model.unet import ByteUNet
+
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
@@ -267,3 +270,18 @@ def config_differences(saved: dict, requested: dict, prefix: str = "") -> list[t
         elif a != b:
             out.append((f"{prefix}{key}", a, b))
     return out
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ByteUNet, RunConfig]:
+    """The model of a run directory (its newest checkpoint) or of a `step_*` checkpoint directory, in
+    eval mode, and its resolved config."""
+    ckpt = latest_checkpoint(Path(path))
+    state = read_state(ckpt)
+    try:
+        cfg = from_dict(state["config"])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{ckpt}: config in state.json is unusable: {e}") from None
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    load_weights(model, ckpt)
+    model.boundaries.load_files(ckpt)
+    return model.to(device).eval(), cfg

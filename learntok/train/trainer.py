@@ -30,21 +30,21 @@ averaged over the applied steps since the previous line, plus
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import os
 import signal
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
+from safetensors import SafetensorError
 
 from ..config import RunConfig, to_dict
 from ..data.batch import PAD, Batch
+from ..data.loader import DataSources, make_data, rank_config
 from ..model.unet import ByteUNet
 from . import checkpoint as ckpt_io
 from .accumulate import accumulate_gradients, split_rows
@@ -102,37 +102,6 @@ def set_threads(n: int) -> None:
 def build_model(cfg: RunConfig) -> ByteUNet:
     torch.manual_seed(cfg.train.seed)
     return ByteUNet(cfg.model, cfg.boundaries)
-
-
-@dataclass
-class DataSources:
-    train: object  # .next_batch() -> Batch, .state_dict(), .load_state_dict()
-    val: list[Batch]  # fixed held-out batches
-    description: str
-    segmenter: object = None  # the BPE tokenizer behind a `bpe` track: the model keeps it (to segment new text)
-
-
-def rank_config(cfg: RunConfig, world_size: int) -> RunConfig:
-    """The config a rank's data loader sees: its share of the global batch (`batch_size / world_size`
-    rows), and as many more held-out batches, so that the held-out sequences are those of one process."""
-    if world_size == 1:
-        return cfg
-    out = copy.deepcopy(cfg)
-    out.train.batch_size = cfg.train.batch_size // world_size
-    out.train.eval_batches = cfg.train.eval_batches * world_size
-    return out
-
-
-def make_data(cfg: RunConfig, rank: int = 0, world_size: int = 1) -> DataSources:
-    """This rank's data; `cfg` is the rank's (see `rank_config`)."""
-    if cfg.data.source == "demo":  # windows of the demo corpus (with BPE boundaries for boundaries.name=bpe)
-        from ..data.loader import open_demo
-        return open_demo(cfg, rank=rank, world_size=world_size)
-    from ..data.loader import open_prepared  # a directory made by `learntok prepare`
-    if not Path(cfg.data.source).is_dir():
-        raise FileNotFoundError(f"data.source={cfg.data.source!r} is neither 'demo' nor a directory; make one with "
-                                f"`learntok prepare CORPUS --out {cfg.data.source}`")
-    return open_prepared(cfg, rank=rank, world_size=world_size)
 
 
 @torch.no_grad()
@@ -360,10 +329,11 @@ class Trainer:
             path = ckpt_io.save_checkpoint(self.run_dir, self.step, None, None, state,
                                            keep=self.cfg.train.keep_checkpoints, model_state=weights,
                                            optimizer_state=optimizer_state, extra=self.model.boundaries.save_files)
-        except OSError as e:
+        except (OSError, SafetensorError) as e:  # a full disk: safetensors raises its own error type
             self.dist.barrier()
             previous = ckpt_io.list_checkpoints(self.run_dir)
-            kept = f"the newest complete checkpoint, {previous[-1]}, is intact" if previous else "no earlier checkpoint"
+            kept = (f"the newest complete checkpoint, {previous[-1]}, is intact; free some space and continue from it "
+                    f"with: learntok train --resume {self.run_dir}") if previous else "there is no earlier checkpoint"
             raise ckpt_io.CheckpointError(f"could not write the checkpoint of step {self.step} in {self.run_dir}: "
                                           f"{e}; nothing half-written was left, {kept}") from e
         self._saved_step = self.step

@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from learntok.model.loading import load_model
-from learntok.train.trainer import make_data
+from learntok.train.checkpoint import load_model
+from learntok.data.loader import make_data
 
 
 def spacelike(b: torch.Tensor) -> torch.Tensor:
