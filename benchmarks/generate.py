@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 from learntok.config import load_config  # noqa: E402
 from learntok.generation import generate  # noqa: E402
+from learntok.hub import from_pretrained  # noqa: E402
 from learntok.model.unet import ByteUNet  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
 
     if args.checkpoint:
-        model = ByteUNet.from_pretrained(args.checkpoint)
+        model = from_pretrained(args.checkpoint)
         what = args.checkpoint
     else:
         cfg = load_config("cpu_default", [f"boundaries.name={args.strategy}"] if args.strategy else [])

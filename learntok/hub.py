@@ -9,10 +9,13 @@
 the layout `huggingface_hub.PyTorchModelHubMixin` writes, without making `huggingface_hub` a
 dependency: it is needed only to download from or upload to the Hub (`pip install learntok[hub]`).
 
-    model = ByteUNet.from_pretrained("runs/demo")       # a training run (its newest checkpoint)
-    model.save_pretrained("models/demo")                 # -> config.json, model.safetensors, README.md
-    model = ByteUNet.from_pretrained("models/demo")      # or "owner/name" on the Hub
-    model.push_to_hub("owner/name")
+    model = from_pretrained("runs/demo")       # a training run (its newest checkpoint)
+    save_pretrained(model, "models/demo")       # -> config.json, model.safetensors, README.md
+    model = from_pretrained("models/demo")     # or "owner/name" on the Hub
+    push_to_hub(model, "owner/name")
+
+(all four also as `learntok.from_pretrained`, ...). This module owns every way a trained model is loaded:
+`learntok.train.checkpoint.load_model` reads a run's checkpoint for it.
 
 Every way loading can fail (no such directory, missing or truncated file, config from a newer learntok,
 config that does not fit the weights) raises `ModelLoadError` saying which file and why.
@@ -35,6 +38,7 @@ from safetensors.torch import save_file
 from . import __version__
 from .boundaries import STRATEGIES
 from .config import ConfigError, RunConfig, from_dict, to_dict
+from .model.unet import ByteUNet
 from .train import checkpoint as ckpt_io
 
 FORMAT_VERSION = 1  # of config.json + model.safetensors; bump when either changes meaning
@@ -160,12 +164,12 @@ U-Net (byte encoder, token-level transformer, byte decoder) whose token boundari
 ## Usage
 
 ```python
-from learntok.model.unet import ByteUNet
+import learntok
 
-model = ByteUNet.from_pretrained("<this repo or directory>")
-print(model.segment("The quick brown fox").tokens())  # its tokens of a text
-print(model.score("The quick brown fox"))             # bits per byte
-print(model.generate("The quick", max_bytes=100, temperature=0.8, seed=0))
+model = learntok.from_pretrained("<this repo or directory>")
+print(learntok.segment(model, "The quick brown fox").tokens())  # its tokens of a text
+print(learntok.score(model, "The quick brown fox").bpb)         # bits per byte
+print(learntok.generate(model, "The quick", max_bytes=100, temperature=0.8, seed=0).text)
 ```
 
 Command line: `learntok segment DIR "some text" --html tokens.html`, `learntok score DIR --file text.txt`,
@@ -242,8 +246,6 @@ def _upgrade(meta: dict, version: int) -> dict:
 
 def load_directory(directory: str | Path, device: str | torch.device = "cpu", source: str | None = None):
     """Load a `save_pretrained` directory (see `from_pretrained`)."""
-    from .model.unet import ByteUNet
-
     directory = Path(directory)
     cfg, meta = read_config(directory)
     try:
@@ -266,9 +268,7 @@ def load_directory(directory: str | Path, device: str | torch.device = "cpu", so
 def load_run(path: str | Path, device: str | torch.device = "cpu"):
     """Load the newest checkpoint of a training run (or one `step_*` checkpoint), with what the run
     recorded about its training (bytes seen, the last held-out bits per byte)."""
-    from .train.checkpoint import load_model
-
-    model, cfg = load_model(path, device)
+    model, cfg = ckpt_io.load_model(path, device)
     ckpt = ckpt_io.latest_checkpoint(Path(path))
     state = ckpt_io.read_state(ckpt)
     facts = {k: state[k] for k in ("step", "bytes_seen") if k in state}

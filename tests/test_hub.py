@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from learntok import __version__
 from learntok.config import to_dict
-from learntok.hub import FORMAT_VERSION, ModelLoadError, default_context
+from learntok.hub import FORMAT_VERSION, ModelLoadError, default_context, from_pretrained, push_to_hub, save_pretrained
 from learntok.model.unet import ByteUNet
 from learntok.train import checkpoint as ckpt_io
 
@@ -29,9 +29,9 @@ def logits(model, seed=0):
 @pytest.mark.parametrize("name", ["learned", "uniform"])
 def test_round_trip_identical_logits(tmp_path, name):
     model, _ = make_model(name)
-    model.save_pretrained(tmp_path / "m")
+    save_pretrained(model, tmp_path / "m")
     assert {p.name for p in (tmp_path / "m").iterdir()} == {"config.json", "model.safetensors", "README.md"}
-    loaded = ByteUNet.from_pretrained(str(tmp_path / "m"))
+    loaded = from_pretrained(str(tmp_path / "m"))
     assert not loaded.training
     assert torch.equal(logits(model), logits(loaded))
     meta = json.loads((tmp_path / "m" / "config.json").read_text())
@@ -57,18 +57,18 @@ def test_training_run_directory(tmp_path):
     model, cfg = make_model()
     run = run_dir(tmp_path, model, cfg)
     for path in (run, run / "step_000007"):
-        loaded = ByteUNet.from_pretrained(path)
+        loaded = from_pretrained(path)
         assert torch.equal(logits(model), logits(loaded))
     assert loaded.info.training == {"step": 7, "bytes_seen": 3584, "val_bpb": 2.5, "val_boundary_rate": 0.21}
     assert default_context(loaded) == cfg.train.seq_len
     # converting a run to a model directory keeps the full config and the training facts
-    loaded.save_pretrained(tmp_path / "hf")
+    save_pretrained(loaded, tmp_path / "hf")
     meta = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert meta["train"] == to_dict(cfg.train) and meta["data"] == to_dict(cfg.data)
     assert meta["training"]["bytes_seen"] == 3584
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "3,584" in card and "2.500" in card and "training sequence length | 64 bytes" in card
-    again = ByteUNet.from_pretrained(tmp_path / "hf")
+    again = from_pretrained(tmp_path / "hf")
     assert again.info.run_known and again.info.config.train.seq_len == 64
     assert torch.equal(logits(model), logits(again))
 
@@ -76,7 +76,7 @@ def test_training_run_directory(tmp_path):
 @pytest.fixture
 def saved(tmp_path):
     model, _ = make_model()
-    model.save_pretrained(tmp_path / "m")
+    save_pretrained(model, tmp_path / "m")
     return tmp_path / "m"
 
 
@@ -89,13 +89,13 @@ def edit_config(directory, change):
 
 def test_missing_and_foreign_directories(tmp_path, saved):
     with pytest.raises(ModelLoadError, match="no such directory"):
-        ByteUNet.from_pretrained(str(tmp_path / "nowhere" / "deeper" / "still"))
+        from_pretrained(str(tmp_path / "nowhere" / "deeper" / "still"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="not a learntok model"):
-        ByteUNet.from_pretrained(tmp_path / "empty")
+        from_pretrained(tmp_path / "empty")
     (saved / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError, match=r"model\.safetensors: missing"):
-        ByteUNet.from_pretrained(saved)
+        from_pretrained(saved)
 
 
 def test_truncated_weights(saved):
@@ -104,13 +104,13 @@ def test_truncated_weights(saved):
     for cut in (len(data) // 2, 20, 4):
         path.write_bytes(data[:cut])
         with pytest.raises(ModelLoadError, match="corrupt or truncated"):
-            ByteUNet.from_pretrained(saved)
+            from_pretrained(saved)
 
 
 def test_config_that_does_not_fit_the_weights(saved):
     edit_config(saved, lambda m: m["model"].update(d_model=64))
     with pytest.raises(ModelLoadError, match="do not match.*shape mismatch"):
-        ByteUNet.from_pretrained(saved)
+        from_pretrained(saved)
 
 
 def test_config_problems(saved):
@@ -127,10 +127,10 @@ def test_config_problems(saved):
         (saved / "config.json").write_text(original)
         edit_config(saved, change)
         with pytest.raises(ModelLoadError, match=message):
-            ByteUNet.from_pretrained(saved)
+            from_pretrained(saved)
     (saved / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="not valid JSON"):
-        ByteUNet.from_pretrained(saved)
+        from_pretrained(saved)
 
 
 def test_hub_repo_ids(monkeypatch, saved):
@@ -144,10 +144,10 @@ def test_hub_repo_ids(monkeypatch, saved):
         return str(saved)
 
     monkeypatch.setattr(hub, "snapshot_download", fake_download)
-    model = ByteUNet.from_pretrained("someone/tiny", revision="v1")
+    model = from_pretrained("someone/tiny", revision="v1")
     assert calls == [("someone/tiny", "v1")] and model.info.source == "someone/tiny"
     with pytest.raises(ModelLoadError, match="Hugging Face Hub failed.*404"):
-        ByteUNet.from_pretrained("someone/missing")
+        from_pretrained("someone/missing")
 
 
 def test_push_to_hub(monkeypatch):
@@ -168,7 +168,7 @@ def test_push_to_hub(monkeypatch):
 
     monkeypatch.setattr(hub, "HfApi", FakeApi)
     model, _ = make_model()
-    url = model.push_to_hub("me/tiny", private=True, token="t")
+    url = push_to_hub(model, "me/tiny", private=True, token="t")
     assert url.endswith("me/tiny/commit/abc")
     assert record == {"token": "t", "repo": ("me/tiny", True, True),
                       "files": ["README.md", "config.json", "model.safetensors"]}

@@ -49,11 +49,11 @@ def read_text(text: str | None, file: str | None) -> bytes:
 
 
 def load(path: str, device: str):
-    from ..model.unet import ByteUNet
+    from ..hub import from_pretrained
     from ..train.checkpoint import CheckpointError
 
     try:
-        return ByteUNet.from_pretrained(path, device=device)
+        return from_pretrained(path, device=device)
     except (CheckpointError, ImportError) as e:
         raise SystemExit(f"error: {e}") from None
 

@@ -273,40 +273,6 @@ class ByteUNet(nn.Module):
             generator=generator, prescribed=None if prescribed is None else pick(prescribed),
             uniforms=None if uniforms is None else pick(uniforms), early_logits=early_logits)
 
-    # --- using a trained model (thin wrappers; the work is in learntok.hub, .display, .generation) --
-
-    @classmethod
-    def from_pretrained(cls, path_or_repo: str, device: str | torch.device = "cpu", **kwargs) -> "ByteUNet":
-        """A model directory (config.json + model.safetensors), a training run or checkpoint directory,
-        or a Hugging Face Hub repo id. In eval mode."""
-        from ..hub import from_pretrained
-        return from_pretrained(path_or_repo, device=device, **kwargs)
-
-    def save_pretrained(self, directory: str, **kwargs):
-        """Write config.json, model.safetensors and a README.md model card to `directory`."""
-        from ..hub import save_pretrained
-        return save_pretrained(self, directory, **kwargs)
-
-    def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """Upload `save_pretrained`'s files to the Hugging Face Hub (needs `pip install learntok[hub]`)."""
-        from ..hub import push_to_hub
-        return push_to_hub(self, repo_id, **kwargs)
-
-    def segment(self, text: str | bytes, seed: int = 0):
-        """The model's tokens of `text`: a `display.Segmentation` (tokens, per-byte boundary probabilities)."""
-        from ..display import segment
-        return segment(self, text, seed=seed)
-
-    def score(self, text: str | bytes, **kwargs) -> float:
-        """Bits per byte of `text` (boundaries sampled, seeded; see `generation.score`)."""
-        from ..generation import score
-        return score(self, text, **kwargs).bpb
-
-    def generate(self, prompt: str | bytes = "", max_bytes: int = 256, **kwargs) -> str:
-        """Sample a continuation of `prompt` (temperature, top_k, top_p, seed: see `generation.generate`)."""
-        from ..generation import generate
-        return generate(self, prompt, max_bytes=max_bytes, **kwargs).text
-
     # --- accounting ------------------------------------------------------------------------------
 
     def matrix_params(self) -> dict[str, int]:
