@@ -115,17 +115,14 @@ def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Ten
     rewards (B, T): r_t, zero where there is no target; `decide` (B, T) bool: positions whose decision
     the policy took (not forced, not padding). Returns (L_pi, L_target, advantages).
 
-    `stats`: `policy_batch_stats` summed over the global batch this batch is a part of. Then the baseline,
-    mean(p) and the means' denominators are the global batch's, and these losses, summed over the parts,
-    equal the losses of the whole batch. `group`: rows per sequence (its boundary draws), for the group
-    centering modes (see `batch_centered`)."""
-    returns = discounted_returns(rewards * valid, gamma)
+    `stats`: `policy_batch_stats` summed over the global batch this batch is a part of (default: this
+    batch's own). Then the baseline, mean(p) and the means' denominators are the global batch's, and these
+    losses, summed over the parts, equal the losses of the whole batch: one formula for a whole batch and
+    its micro-batches. `group`: rows per sequence (its boundary draws), for the group centering modes
+    (see `batch_centered`)."""
     if stats is None:
-        advantages = batch_centered(returns, decide, centering, group=group).detach()
-        loss_policy = -masked_mean(log_prob * advantages, decide)
-        mean_p = masked_mean(probs, decide).detach()
-        loss_target = masked_mean(logits, decide) * (mean_p - target_rate)
-        return loss_policy, loss_target, advantages
+        stats = policy_batch_stats(rewards, probs, decide, valid, gamma=gamma)
+    returns = discounted_returns(rewards * valid, gamma)
     advantages = batch_centered(returns, decide, centering, (stats["return_sum"], stats["decide_rows"]),
                                 group).detach()
     m = decide.to(log_prob.dtype)
