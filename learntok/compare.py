@@ -206,7 +206,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
                        "heldout_sequences": sum(len(b.inputs) for b in data.val),
                        "heldout_bytes": int(sum(int(b.valid.sum()) for b in data.val))}
     result.curve = [(r["flops"], r["val_bpb"]) for r in rows if "val_bpb" in r]
-    segmentation = segment_paragraph(model, strategy, settings.paragraph, reference)
+    segmentation = segment_paragraph(model, settings.paragraph)
     (run_dir / "segmentation.json").write_text(json.dumps(segmentation.to_json()))
     (run_dir / "result.json").write_text(json.dumps(asdict(result)))
     return result
@@ -310,16 +310,14 @@ def default_paragraph(cfg: RunConfig) -> str:
     return showcase_paragraph(stream, min_bytes=300, max_bytes=700)
 
 
-def segment_paragraph(model, strategy: str, text: str, reference: BpeReference):
-    """The model's segmentation of `text` (seed 0); for `bpe`, the BPE's own shifted boundaries."""
+def segment_paragraph(model, text: str):
+    """The model's segmentation of `text` (seed 0); none where its strategy cannot make boundaries for
+    text that comes without them (a user's segmentation file)."""
     from .display import Segmentation, segment
 
-    if strategy == "bpe":
+    if not model.boundaries.can_segment:
         data = text.encode("utf-8")
-        if reference.segmenter is None:
-            return Segmentation(data, [0.0] * len(data), [False] * len(data))
-        marks = [bool(v) for v in reference.segmenter.boundaries([data], shift=1)[0]]
-        return Segmentation(data, [float(v) for v in marks], marks)
+        return Segmentation(data, [0.0] * len(data), [False] * len(data))
     return segment(model, text, seed=0)
 
 

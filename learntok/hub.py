@@ -117,7 +117,7 @@ def _write_atomic(path: Path, write) -> None:
 def model_card(meta: dict) -> str:
     """A README.md for the Hub from the contents of config.json."""
     m, b, facts = meta["model"], meta["boundaries"], meta.get("training", {})
-    strategy = b["name"] + (f" (w = {b['lags']} lags)" if b["name"] == "learned" else "")
+    strategy = STRATEGIES[b["name"]].describe(b) if b["name"] in STRATEGIES else b["name"]
     rows = [
         ("parameters", f"{meta['num_parameters'] / 1e6:.2f}M"),
         ("width / heads", f"{m['d_model']} / {m['n_heads']}"),

@@ -43,6 +43,8 @@ def test_round_trip_identical_logits(tmp_path, name):
     card = (tmp_path / "m" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: learntok") and f"{meta['num_parameters'] / 1e6:.2f}M" in card
     assert '"d_model": 32' in card and "not recorded" in card
+    described = {"learned": f"learned (w = {meta['boundaries']['lags']} lags)", "uniform": "uniform"}[name]
+    assert f"| boundary strategy | {described} |" in card  # the strategy describes itself
 
 
 def run_dir(tmp_path, model, cfg, step=7, bytes_seen=3584, val_bpb=2.5):

@@ -109,6 +109,17 @@ class BoundaryStrategy(nn.Module):
         self.cfg = cfg
         self.d_model = d_model
 
+    @classmethod
+    def describe(cls, cfg: dict) -> str:
+        """The strategy in a few words, from its config section (a model card's table)."""
+        return cls.name
+
+    @property
+    def can_segment(self) -> bool:
+        """Whether it can decide boundaries for any text (scoring, `segment`); strategies whose boundaries
+        come with the data may not."""
+        return True
+
     def forward(self, inp: BoundaryInput) -> Boundaries:
         raise NotImplementedError
 
@@ -147,6 +158,10 @@ class BoundaryStrategy(nn.Module):
 
     def load_files(self, directory: Path) -> None:
         """Read what `save_files` wrote, where it is there."""
+
+    def keep_segmenter(self, segmenter) -> None:
+        """The training data's boundaries were made by `segmenter` (a BPE tokenizer): a strategy that takes
+        its boundaries from the data keeps it to segment new text; the others ignore it."""
 
     # --- incremental inference (generation) ------------------------------------------------------
     # The U-Net calls, for each new byte j: `step` (decide a_j from X_j and the strategy's own state),

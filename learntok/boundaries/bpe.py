@@ -62,6 +62,9 @@ class BpeGuidance(SuppliedBoundaries):
         from ..data.bpe import bpe_boundaries
         return bpe_boundaries(inputs, self.segmenter)
 
+    def keep_segmenter(self, segmenter) -> None:
+        self.segmenter = segmenter
+
     def save_files(self, directory: Path) -> None:
         if self.segmenter is not None:
             tmp = Path(directory) / f".{SEGMENTER_FILE}.tmp"

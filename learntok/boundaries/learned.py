@@ -44,6 +44,10 @@ class LearnedPolicy(BoundaryStrategy):
     stochastic = True
     thresholdable = True  # a = [l > logit(u)]
 
+    @classmethod
+    def describe(cls, cfg: dict) -> str:
+        return f"{cls.name} (w = {cfg['lags']} lags)"
+
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)
         self.lags = cfg.lags

@@ -155,7 +155,7 @@ class UNetScorer:
         self.model.to(self.device)
         strategy = model.boundaries
         self.strategy = getattr(strategy, "name", type(strategy).__name__)
-        if getattr(strategy, "supplied_track", None) and not strategy.can_segment:
+        if not strategy.can_segment:
             what = ("this model has no tokenizer to segment new text with (a run from before models carried it: copy "
                     "the dataset's bpe/tokenizer.json into the checkpoint directory as bpe_tokenizer.json)"
                     if strategy.supplied_track == "bpe" else "scoring text that comes without them is not supported")

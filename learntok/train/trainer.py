@@ -223,7 +223,7 @@ class Trainer:
         # `data`, when given, is this rank's (its share of the global batch)
         self.data = data or make_data(rank_config(cfg, world), self.dist.rank, world)
         if self.data.segmenter is not None:
-            self.model.boundaries.segmenter = self.data.segmenter
+            self.model.boundaries.keep_segmenter(self.data.segmenter)
         self.sample_rng = torch.Generator(device=self.device).manual_seed(t.seed + 1)
         self.step = 0
         self.bytes_seen = 0
