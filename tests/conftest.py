@@ -30,6 +30,12 @@ def memory_data(cfg) -> DataSources:
                        stream_eval_batches(text, t.seq_len, t.batch_size, 1), "in-memory words")
 
 
+def taking(decisions: torch.Tensor) -> torch.Tensor:
+    """Uniforms with which the learned policy takes exactly `decisions` (bool, forced positions aside):
+    u = 0 gives the threshold -inf (a boundary whatever the logit), u = 1 gives +inf (none)."""
+    return (~decisions.bool()).float()
+
+
 def random_inputs(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (batch, length), generator=g)

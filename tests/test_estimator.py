@@ -13,7 +13,7 @@ import torch
 from learntok.data.batch import Batch
 from learntok.model.unet import ByteUNet
 
-from conftest import random_inputs, tiny_config
+from conftest import random_inputs, taking, tiny_config
 
 N_BYTES = 6
 
@@ -49,7 +49,8 @@ def grads(model) -> torch.Tensor:
 
 def enumerate_terms(model, batch_rows: Batch, configs):
     """Per configuration: log pi(a) and log p(y | a), both with gradient."""
-    out = model(batch_rows.inputs, prescribed=configs)
+    out = model(batch_rows.inputs, uniforms=taking(configs))
+    assert torch.equal(out.boundaries.a[:, 1:], configs[:, 1:].bool())  # the configurations were taken
     logp = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), batch_rows.targets, reduction="none")
     decide = torch.ones_like(configs)
     decide[:, 0] = False
@@ -79,7 +80,7 @@ def estimator_expectation(model, rows=1, n_bytes=N_BYTES):
     total = 0
     for combo in itertools.product(range(len(single)), repeat=rows):
         model.zero_grad()
-        loss, _, _ = model.loss(batch_of(rows, n_bytes=n_bytes), prescribed=single[list(combo)])
+        loss, _, _ = model.loss(batch_of(rows, n_bytes=n_bytes), uniforms=taking(single[list(combo)]))
         (loss * rows).backward()  # the loss is a mean over rows; sum them
         total = total + float(torch.prod(pi[list(combo)])) * grads(model) / rows
     return total
@@ -160,7 +161,7 @@ def test_discounting_gives_the_documented_bias_only():
     model = make_model(gamma=gamma)
     configs = all_configs()
     log_pi_all, logp = enumerate_terms(model, batch_of(len(configs)), configs)
-    out = model(batch_of(len(configs)).inputs, prescribed=configs)
+    out = model(batch_of(len(configs)).inputs, uniforms=taking(configs))
     log_prob = out.boundaries.extras["log_prob"]
     # discounted returns by a float64 loop: G_i = sum_{t >= i} gamma^(t - i) r_t
     r = logp.detach().double()

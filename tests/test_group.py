@@ -17,7 +17,7 @@ from learntok.data.batch import Batch
 from learntok.model.unet import ByteUNet
 from learntok.objectives import batch_centered
 
-from conftest import random_inputs, tiny_config
+from conftest import random_inputs, taking, tiny_config
 from test_estimator import all_configs, batch_of, close, estimator_expectation, exact_gradient, grads, make_model
 
 
@@ -39,7 +39,7 @@ def group_expectation(model, n_bytes: int) -> torch.Tensor:
     total = 0
     for combo in itertools.product(range(len(single)), repeat=K):
         model.zero_grad()
-        loss, _, _ = model.loss(batch_of(1, n_bytes=n_bytes), prescribed=single[list(combo)])
+        loss, _, _ = model.loss(batch_of(1, n_bytes=n_bytes), uniforms=taking(single[list(combo)]))
         loss.backward()
         total = total + float(torch.prod(pi[list(combo)])) * grads(model)
     return total
@@ -96,12 +96,12 @@ def test_groups_never_mix_sequences():
     seqs = random_inputs(2, 9, seed=4)
     draws = torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) < 0.4
     model.zero_grad()
-    model.loss(Batch.from_sequences(seqs), prescribed=draws)[0].backward()
+    model.loss(Batch.from_sequences(seqs), uniforms=taking(draws))[0].backward()
     both = grads(model)
     alone = 0
     for s in range(2):
         model.zero_grad()
-        model.loss(Batch.from_sequences(seqs[s:s + 1]), prescribed=draws[2 * s:2 * s + 2])[0].backward()
+        model.loss(Batch.from_sequences(seqs[s:s + 1]), uniforms=taking(draws[2 * s:2 * s + 2]))[0].backward()
         alone = alone + grads(model) / 2
     assert close(both, alone, tol=1e-5)
 
@@ -130,9 +130,9 @@ def test_language_model_loss_is_the_mean_over_draws():
     model = ByteUNet(cfg.model, cfg.boundaries).train()
     batch = Batch.from_sequences(random_inputs(1, 33, seed=2))
     draws = torch.rand(2, 32, generator=torch.Generator().manual_seed(3)) < 0.3
-    loss, _, _ = model.loss(batch, prescribed=draws)
+    loss, _, _ = model.loss(batch, uniforms=taking(draws))
     model.boundaries.cfg.group_size = 1
-    each = [model.loss(batch, prescribed=draws[k:k + 1])[0] for k in range(2)]
+    each = [model.loss(batch, uniforms=taking(draws[k:k + 1]))[0] for k in range(2)]
     assert float(loss.detach()) == pytest.approx(float(sum(each).detach() / 2), rel=1e-6)
 
 

@@ -12,8 +12,8 @@ tests in `tests/test_causality.py` check this for every registered strategy.
 
 Generation (optional): a strategy that can decide boundaries one byte at a time implements
 `allocate_inference_cache` and `step`, and, if it overrides `pool`/`unpool`, also `pool_step`/`unpool_step`.
-`step` must make the decision `forward` would make at that position given the same uniforms (or
-`prescribed` decisions): `tests/test_generation.py` checks cached generation against full forward passes.
+`step` must make the decision `forward` would make at that position given the same uniforms:
+`tests/test_generation.py` checks cached generation against full forward passes.
 """
 
 from __future__ import annotations
@@ -38,11 +38,9 @@ class BoundaryInput:
     forced: torch.Tensor  # (B, T) bool: positions that must be boundaries (position 0, document starts)
     supplied: torch.Tensor | None = None  # (B, T) bool boundaries that came with the data, if any
     generator: torch.Generator | None = None  # source of randomness for sampling strategies
-    # (B, T) bool: decisions to take instead of sampling (exact enumeration in tests, scoring a given
-    # segmentation). Strategies that sample honour it; forced positions stay forced.
-    prescribed: torch.Tensor | None = None
     # (B, T) float in [0, 1): the uniforms a sampling strategy turns into decisions, instead of drawing
     # them from `generator`. Per-row seeds make a row's boundaries independent of how it is batched.
+    # (The learned policy takes a boundary where u = 0 and none where u = 1: exact enumeration in tests.)
     uniforms: torch.Tensor | None = None
     early_logits: torch.Tensor | None = None  # (B, T, V) early-exit logits (entropy-based strategies)
 
@@ -65,7 +63,6 @@ class BoundaryStepInput:
     position: int  # j, the same for every row
     forced: torch.Tensor  # (B,) bool: must be a boundary (j = 0)
     generator: torch.Generator | None = None
-    prescribed: torch.Tensor | None = None  # (B,) bool decision to take instead of sampling
     uniforms: torch.Tensor | None = None  # (B,) float in [0, 1): the draw a sampling strategy uses
     early_logits: torch.Tensor | None = None  # (B, V) early-exit logits at j
 

@@ -20,17 +20,14 @@ class RandomBoundaries(BoundaryStrategy):
     stochastic = True
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        a, probs = self._draw(inp.forced, inp.prescribed, inp.uniforms, inp.generator)
+        a, probs = self._draw(inp.forced, inp.uniforms, inp.generator)
         return Boundaries(a=(a & inp.valid) | inp.forced, probs=probs)
 
-    def _draw(self, forced: torch.Tensor, prescribed, uniforms, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decisions of `forced`'s shape (the prescribed ones, else u < target, forced positions added) and
-        P(a = 1): the same for a whole sequence (`forward`) and for one byte (`step`)."""
-        if prescribed is not None:
-            a = prescribed.bool()
-        else:
-            u = uniforms if uniforms is not None else torch.rand(forced.shape, generator=generator, device=forced.device)
-            a = u < self.cfg.target_rate
+    def _draw(self, forced: torch.Tensor, uniforms, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decisions of `forced`'s shape (u < target, forced positions added) and P(a = 1): the same for a
+        whole sequence (`forward`) and for one byte (`step`)."""
+        u = uniforms if uniforms is not None else torch.rand(forced.shape, generator=generator, device=forced.device)
+        a = u < self.cfg.target_rate
         probs = torch.full(forced.shape, self.cfg.target_rate, device=forced.device).masked_fill(forced, 1.0)
         return a | forced, probs
 
@@ -39,5 +36,5 @@ class RandomBoundaries(BoundaryStrategy):
         return None
 
     def step(self, inp: BoundaryStepInput, cache: None) -> BoundaryStep:
-        a, probs = self._draw(inp.forced, inp.prescribed, inp.uniforms, inp.generator)
+        a, probs = self._draw(inp.forced, inp.uniforms, inp.generator)
         return BoundaryStep(a=a, probs=probs)

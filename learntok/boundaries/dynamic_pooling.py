@@ -72,19 +72,19 @@ class DynamicPooling(BoundaryStrategy):
         self.predictor = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, 1))
         self.offset = math.log(cfg.target_rate / (1 - cfg.target_rate))
 
-    def _decide(self, hidden: torch.Tensor, forced: torch.Tensor, prescribed, uniforms,
+    def _decide(self, hidden: torch.Tensor, forced: torch.Tensor, uniforms,
                 generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The relaxed sample soft, the hard decisions (the prescribed ones, else soft > 0.5) and P(a = 1)
+        """The relaxed sample soft, the hard decisions (soft > 0.5) and P(a = 1)
         (1 where forced), (B, T) for a sequence (`forward`) or (B,) for one byte (`step`)."""
         logits = self.predictor(hidden).squeeze(-1).float() + self.offset
         u = uniforms if uniforms is not None else torch.rand(logits.shape, generator=generator, device=logits.device)
         u = u.float().clamp(_EPS, 1 - _EPS)
         soft = torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.cfg.dp_temperature)
-        hard = prescribed.bool() if prescribed is not None else soft > 0.5
+        hard = soft > 0.5
         return soft, hard, torch.sigmoid(logits).masked_fill(forced, 1.0)
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        soft, hard, probs = self._decide(inp.hidden, inp.forced, inp.prescribed, inp.uniforms, inp.generator)
+        soft, hard, probs = self._decide(inp.hidden, inp.forced, inp.uniforms, inp.generator)
         a = (hard & inp.valid) | inp.forced
         # straight-through boundaries: value a_i exactly, gradient of the relaxed sample; constants where forced
         st = torch.where(inp.forced, torch.ones_like(soft), a.float() + (soft - soft.detach()) * inp.valid)
@@ -114,7 +114,7 @@ class DynamicPooling(BoundaryStrategy):
         return PoolingCache(torch.zeros(batch_size, self.d_model, device=device), torch.zeros(batch_size, device=device))
 
     def step(self, inp: BoundaryStepInput, cache: PoolingCache) -> BoundaryStep:
-        _, hard, probs = self._decide(inp.hidden, inp.forced, inp.prescribed, inp.uniforms, inp.generator)
+        _, hard, probs = self._decide(inp.hidden, inp.forced, inp.uniforms, inp.generator)
         return BoundaryStep(a=hard | inp.forced, probs=probs)
 
     def pool_step(self, hidden: torch.Tensor, bnd: BoundaryStep, cache: PoolingCache) -> torch.Tensor:

@@ -99,8 +99,7 @@ class HNetChunking(BoundaryStrategy):
         k = F.normalize(h[:, 1:] @ self.w_k.T, dim=-1)  # W_k X_t
         p = ((1 - (q * k).sum(-1)) / 2).clamp(0.0, 1.0)  # (B, T-1)
         p = F.pad(p, (1, 0), value=1.0).masked_fill(inp.forced, 1.0)  # p_0 = 1, document starts too
-        b = inp.prescribed.bool() if inp.prescribed is not None else p >= 0.5
-        a = (b & inp.valid) | inp.forced
+        a = ((p >= 0.5) & inp.valid) | inp.forced
         conf = torch.where(a, p, 1 - p)  # c_t
         return Boundaries(a=a, probs=p, extras={"confidence": conf})
 
@@ -126,8 +125,7 @@ class HNetChunking(BoundaryStrategy):
         k = F.normalize(h @ self.w_k.T, dim=-1)
         p = ((1 - (cache.query * k).sum(-1)) / 2).clamp(0.0, 1.0)
         p = p.masked_fill(inp.forced | (inp.position == 0), 1.0)
-        b = inp.prescribed.bool() if inp.prescribed is not None else p >= 0.5
-        a = b | inp.forced
+        a = (p >= 0.5) | inp.forced
         cache.query = F.normalize(h @ self.w_q.T, dim=-1)
         return BoundaryStep(a=a, probs=p)
 

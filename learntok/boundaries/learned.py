@@ -61,10 +61,7 @@ class LearnedPolicy(BoundaryStrategy):
     def forward(self, inp: BoundaryInput) -> Boundaries:
         base, lag = self.scaled_logit_terms(inp.hidden)
         cap = self.cfg.softcap if self.training else None
-        if inp.prescribed is not None:
-            a = (inp.prescribed.bool() & inp.valid) | inp.forced
-        else:
-            a = self.sample(base, lag, inp, cap)
+        a = self.sample(base, lag, inp, cap)
         # recompute the logits of the executed history, with gradient
         l_scaled = base + (lagged(a.to(lag.dtype), self.lags) * lag).sum(-1) if self.lags else base
         logits = softcap(l_scaled, cap)
@@ -87,16 +84,13 @@ class LearnedPolicy(BoundaryStrategy):
     def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
         base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)
         cap = self.cfg.softcap if self.training else None
-        if inp.prescribed is not None:
-            a = inp.prescribed.bool() | inp.forced
-        else:
-            # the same float32 additions in the same order as `scan_boundaries`, against the same threshold
-            acc = base
-            for j in range(self.lags):
-                acc = torch.where(history[:, j], acc + lag[:, j], acc)
-            u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator,
-                                                                         device=base.device)
-            a = (acc > thresholds_from_uniforms(u, cap)) | inp.forced
+        # the same float32 additions in the same order as `scan_boundaries`, against the same threshold
+        acc = base
+        for j in range(self.lags):
+            acc = torch.where(history[:, j], acc + lag[:, j], acc)
+        u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator,
+                                                                     device=base.device)
+        a = (acc > thresholds_from_uniforms(u, cap)) | inp.forced
         # the logit as `forward` recomputes it from the executed history
         l_scaled = base + (history.to(lag.dtype) * lag).sum(-1) if self.lags else base
         logits = softcap(l_scaled, cap)

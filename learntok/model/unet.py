@@ -127,18 +127,17 @@ class ByteUNet(nn.Module):
 
     def forward(self, inputs: torch.Tensor, *, doc_start: torch.Tensor | None = None,
                 supplied: torch.Tensor | None = None, generator: torch.Generator | None = None,
-                prescribed: torch.Tensor | None = None, uniforms: torch.Tensor | None = None,
-                hidden: torch.Tensor | None = None) -> UNetOutput:
+                uniforms: torch.Tensor | None = None, hidden: torch.Tensor | None = None) -> UNetOutput:
         """inputs (B, T) bytes with BOS first; `doc_start` (B, T) bool forces boundaries (packed data);
         `supplied` (B, T) bool boundaries for strategies that take them from the data; `generator`
-        seeds sampling strategies; `prescribed` (B, T) bool replaces a sampling strategy's draws;
-        `uniforms` (B, T) replaces the random numbers it draws (per-row seeding for evaluation);
+        seeds sampling strategies; `uniforms` (B, T) replaces the random numbers they draw (per-row
+        seeding for evaluation);
         `hidden` (B, T, C): `encode(inputs)` computed by the caller (gradient accumulation splits here).
 
         With K = `self.draws` > 1 (training with `boundaries.group_size` = K) each sequence gets K
         independent boundary draws: the encoder and the early-exit head run once per sequence, the
         strategy, token level and decoder on B * K rows, row b * K + k being draw k of sequence b.
-        `prescribed` and `uniforms` are then (B * K, T), and so is every output but `early_logits`."""
+        `uniforms` is then (B * K, T), and so is every output but `early_logits`."""
         K = self.draws
         hidden = self.encode(inputs) if hidden is None else hidden  # X (B, T, C)
         early_logits = self.early_head(hidden)  # (B, T, V)
@@ -155,7 +154,7 @@ class ByteUNet(nn.Module):
         B, T = inputs.shape  # B counts draws from here on
         positions = torch.arange(T, device=inputs.device).expand(B, T)
         valid = inputs != PAD
-        bnd = self.boundaries(BoundaryInput(hidden, inputs, valid, forced, supplied, generator, prescribed, uniforms,
+        bnd = self.boundaries(BoundaryInput(hidden, inputs, valid, forced, supplied, generator, uniforms,
                                             strategy_early))
 
         slots = resample.boundary_positions(bnd.a, self.cfg.token_multiple)  # (B, M) slots, N real
@@ -170,13 +169,13 @@ class ByteUNet(nn.Module):
 
     # --- objective -------------------------------------------------------------------------------
 
-    def loss(self, batch: Batch, generator: torch.Generator | None = None, prescribed: torch.Tensor | None = None,
+    def loss(self, batch: Batch, generator: torch.Generator | None = None,
              uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, UNetOutput]:
         """L = L_auto + lambda_early L_early + the strategy's weighted losses (paper eq. 27).
 
         Returns (loss, metrics, output); metrics are detached 0-d tensors (no host sync here)."""
         out = self(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=generator,
-                   prescribed=prescribed, uniforms=uniforms)
+                   uniforms=uniforms)
         logp, logp_early, loss_inputs = log_likelihoods(out, batch)
         loss_auto = -masked_mean(logp, loss_inputs.valid)  # over every draw: the mean of the draws' losses
         loss_early = -masked_mean(logp_early, batch.valid)
@@ -212,10 +211,10 @@ class ByteUNet(nn.Module):
             position=0, max_len=max_len)
 
     def prefill(self, inputs: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
-                prescribed: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:
+                generator: torch.Generator | None = None) -> StepOutput:
         """`forward` over a prompt (B, T) starting with BOS that fills an empty `cache`. The byte and
         token levels run batched; the strategy decides byte by byte through `step`, so that generation
-        continues from exactly its state. `uniforms`, `prescribed`: (B, T), as in `forward`."""
+        continues from exactly its state. `uniforms`: (B, T), as in `forward`."""
         B, T = inputs.shape
         if cache.position != 0 or T > cache.max_len:
             raise ValueError(f"prefill needs an empty cache with room for {T} positions (has {cache.max_len})")
@@ -225,7 +224,7 @@ class ByteUNet(nn.Module):
         early_logits = self.early_head(hidden)
         steps, pooled = [], []
         for j in range(T):
-            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], j, generator, prescribed, uniforms,
+            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], j, generator, uniforms,
                                                        early_logits[:, j], column=j), cache.boundaries)
             steps.append(st)
             pooled.append(self.boundaries.pool_step(hidden[:, j], st, cache.boundaries))
@@ -243,9 +242,9 @@ class ByteUNet(nn.Module):
         return StepOutput(self.head(y), a, probs)
 
     def step(self, byte: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
-             prescribed: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:
+             generator: torch.Generator | None = None) -> StepOutput:
         """Append one byte per row, byte (B,), at position `cache.position`: `prefill` for T = 1, with
-        the token level stepped only in rows where this byte ends a token. `uniforms`, `prescribed`: (B,)."""
+        the token level stepped only in rows where this byte ends a token. `uniforms`: (B,)."""
         j = cache.position
         if j >= cache.max_len:
             raise ValueError(f"the inference cache has room for {cache.max_len} positions; allocate a larger one")
@@ -254,7 +253,7 @@ class ByteUNet(nn.Module):
         x = self.embed(byte[:, None]) * math.sqrt(self.cfg.d_model)  # (B, 1, C)
         hidden = self.encoder.step(x, positions, cache.encoder)[:, 0]  # X_j (B, C)
         early_logits = self.early_head(hidden)
-        st = self.boundaries.step(self._step_input(hidden, byte, j, generator, prescribed, uniforms, early_logits),
+        st = self.boundaries.step(self._step_input(hidden, byte, j, generator, uniforms, early_logits),
                                   cache.boundaries)
         token = self.boundaries.pool_step(hidden, st, cache.boundaries)  # (B, C)
         if bool(st.a.any()):
@@ -266,12 +265,11 @@ class ByteUNet(nn.Module):
         return StepOutput(self.head(y), st.a[:, None], None if st.probs is None else st.probs[:, None])
 
     @staticmethod
-    def _step_input(hidden, byte, j, generator, prescribed, uniforms, early_logits, column=None) -> BoundaryStepInput:
+    def _step_input(hidden, byte, j, generator, uniforms, early_logits, column=None) -> BoundaryStepInput:
         pick = (lambda t: t) if column is None else (lambda t: t[:, column])  # noqa: E731
         return BoundaryStepInput(
             hidden=hidden, byte=byte, position=j, forced=torch.full_like(byte, j == 0, dtype=torch.bool),
-            generator=generator, prescribed=None if prescribed is None else pick(prescribed),
-            uniforms=None if uniforms is None else pick(uniforms), early_logits=early_logits)
+            generator=generator, uniforms=None if uniforms is None else pick(uniforms), early_logits=early_logits)
 
     # --- accounting ------------------------------------------------------------------------------
 
