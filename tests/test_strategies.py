@@ -15,7 +15,7 @@ from learntok.boundaries.dynamic_pooling import binomial_log_pmf
 from learntok.boundaries.hnet import ema_chunked, ema_reference
 from learntok.boundaries.uniform import uniform_boundaries
 from learntok.boundaries.whitespace import spacelike, whitespace_boundaries
-from learntok.data.batch import BOS, PAD, VOCAB_SIZE
+from learntok.data.batch import BOS, PAD, VOCAB_SIZE, Batch
 from learntok.model.unet import ByteUNet
 
 from conftest import random_inputs, tiny_config
@@ -122,14 +122,18 @@ def test_entropy_calibration_hits_the_rate_and_is_a_checkpointed_buffer():
     inp = BoundaryInput(torch.zeros(B, T, 8), x, x != PAD, forced, early_logits=logits)
     loss_inp = LossInputs(torch.zeros(B, T), torch.zeros(B, T), torch.ones(B, T, dtype=torch.bool), forced)
     for _ in range(30):
-        strat.losses(strat(inp), loss_inp)  # the update happens here, after the decisions
+        strat.update(strat(inp), loss_inp)  # after the decisions, as the model calls it in training
     assert int(strat.calibrations) == 30 and bool(strat.active)
     assert abs(strat(inp).a.float().mean().item() - 0.25) < 0.02
     assert {"threshold", "level", "trend", "calibrations", "active"} <= set(strat.state_dict())
-    strat.eval()
-    before = strat.threshold.clone()
-    strat.losses(strat(inp), loss_inp)  # evaluation never moves it
-    assert torch.equal(strat.threshold, before)
+    # the model updates it in a training forward pass, never in evaluation
+    model = ByteUNet(tiny_config(name="entropy").model, cfg)
+    batch = Batch(x, torch.cat([x[:, 1:], x[:, :1]], dim=1))
+    model.loss(batch, g)
+    assert int(model.boundaries.calibrations) == 1
+    model.eval()
+    model.loss(batch, g)
+    assert int(model.boundaries.calibrations) == 1
 
 
 def test_entropy_calibration_on_the_device_equals_the_quantile_recipe():

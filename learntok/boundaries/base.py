@@ -2,8 +2,13 @@
 
 A strategy is an `nn.Module` that, given the encoder output, returns `Boundaries` (hard decisions plus
 whatever it needs for its loss), and may override how bytes are pooled into tokens and how tokens are
-distributed back to bytes. Its auxiliary losses come from `losses()`. The U-Net calls these four
-methods and nothing else, so adding a strategy never touches the model.
+distributed back to bytes. What the rest of learntok uses, and nothing else, so that adding a strategy
+is one new module and a line in the registry (`boundaries/__init__.py`):
+  training     `forward`, `pool`, `unpool`, `losses` (with `batch_stats` when they need the whole batch),
+               `update` (running state) and `metrics`
+  generation   `allocate_inference_cache`, `step`, `pool_step`, `unpool_step`
+  files        `save_files`, `load_files`, `keep_segmenter`; accounting `n_matrix_params`
+  capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `can_segment`, `describe`
 
 Conventions: `a[b, i] = True` means a token ends at byte i, so the token built at i is visible to the
 prediction made at position i (of byte i + 1) and later. `a[:, 0]` is always True (BOS is its own
@@ -141,6 +146,10 @@ class BoundaryStrategy(nn.Module):
         freed before they are backpropagated. Default: none, and `losses` must then be a mean over rows
         (the trainer weights each micro-batch's losses by its share of the rows)."""
         return {}
+
+    def update(self, bnd: Boundaries, inp: LossInputs) -> None:
+        """Update running state from a training forward pass (the entropy strategy's calibrated threshold),
+        once per micro-batch, after its losses and before its metrics; never in evaluation. Default: none."""
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         """Extra per-step metrics (detached scalars); logged at log steps only."""

@@ -204,10 +204,11 @@ class EntropyPatching(BoundaryStrategy):
         self.threshold.copy_(torch.where(update, self.level + self.trend, self.threshold))
         self.calibrations.add_(update.long())
 
+    def update(self, bnd: Boundaries, inp: LossInputs) -> None:
+        real = inp.valid | inp.forced
+        self.calibrate(bnd.extras["score"], inp.valid & ~inp.forced, (inp.forced & real).sum(), real.sum())
+
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
-        if self.training:
-            real = inp.valid | inp.forced
-            self.calibrate(bnd.extras["score"], inp.valid & ~inp.forced, (inp.forced & real).sum(), real.sum())
         if self.own is None:
             return {}
         return {"entropy_model": (self.cfg.entropy_model_lambda, masked_mean(bnd.extras["own_nll"], bnd.extras["own_mask"]))}

@@ -180,6 +180,8 @@ class ByteUNet(nn.Module):
         loss_auto = -masked_mean(logp, loss_inputs.valid)  # over every draw: the mean of the draws' losses
         loss_early = -masked_mean(logp_early, batch.valid)
         aux = self.boundaries.losses(out.boundaries, loss_inputs)
+        if self.training:
+            self.boundaries.update(out.boundaries, loss_inputs)
         lambda_early = self.boundaries.cfg.lambda_early
         loss = loss_auto + lambda_early * loss_early + sum(w * v for w, v in aux.values())
 

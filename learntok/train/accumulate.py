@@ -113,6 +113,8 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
             for k, (w, v) in aux.items():
                 local = local + share * w * v
                 aux_values[k] = aux_values.get(k, 0.0) + share * v.detach()
+        if model.training:
+            strategy.update(out.boundaries, loss_inputs)
         for k, v in mb_stats.items():
             stats[k] = stats[k] + v.detach() if k in stats else v.detach()
         # frees the downstream graph; the strategy's loss graph branches off h separately and survives

@@ -5,7 +5,7 @@ one seeded boundary draw on the run's held-out batches), written as JSON and a p
     python docs/results/credit_assignment/trend.py OUT_PREFIX LABEL=RUN_DIR [LABEL=RUN_DIR ...]
 
 RUN_DIR: a training run (all its step_* checkpoints are read; keep them with train.keep_checkpoints=0).
-Writes OUT_PREFIX.json and OUT_PREFIX.png.
+Writes OUT_PREFIX.json and OUT_PREFIX.png (`trend.py --plot OUT_PREFIX` redraws the plot from the JSON).
 """
 
 import json
@@ -22,7 +22,10 @@ from learntok.train.trainer import evaluate
 
 def trend(run_dir: Path) -> list[dict]:
     rows, val = [], None
-    for ckpt in ckpt_io.list_checkpoints(run_dir):
+    checkpoints = ckpt_io.list_checkpoints(run_dir)
+    if not checkpoints:
+        raise SystemExit(f"{run_dir}: no checkpoints")
+    for ckpt in checkpoints:
         model, cfg = ckpt_io.load_model(ckpt)
         state = ckpt_io.read_state(ckpt)
         val = val or make_data(cfg).val
@@ -37,30 +40,43 @@ def trend(run_dir: Path) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    out, runs = Path(sys.argv[1]), [arg.split("=", 1) for arg in sys.argv[2:]]
-    torch.set_num_threads(1)
-    result = {label: trend(Path(path)) for label, path in runs}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+def plot(result: dict, path: Path) -> None:
+    """One row per corpus (a label's first word), one column per measure; seed 1 dashed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for label, rows in result.items():
-        style = "-" if "seed0" in label else "--"
-        x = [r["flops"] for r in rows]
-        for ax, key in zip(axes, ("whitespace_precision", "whitespace_recall", "val_bpb")):
-            ax.plot(x, [r[key] for r in rows], style, marker="o", markersize=3, label=label)
-        if rows:
-            axes[0].axhline(rows[0]["whitespace_share"], color="grey", linewidth=0.6)
-    for ax, title in zip(axes, ("whitespace precision (grey: blind placement)", "whitespace recall",
-                                "held-out bpb (one draw)")):
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("training FLOPs")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    corpora = sorted({label.split()[0] for label in result})
+    measures = (("whitespace_precision", "whitespace precision (grey: blind placement)"),
+                ("whitespace_recall", "whitespace recall"), ("val_bpb", "held-out bpb (one draw)"))
+    fig, axes = plt.subplots(len(corpora), 3, figsize=(15, 4 * len(corpora)), squeeze=False)
+    for row, corpus in zip(axes, corpora):
+        for label, rows in result.items():
+            if label.split()[0] != corpus or not rows:
+                continue
+            x = [r["flops"] for r in rows]
+            for ax, (key, _) in zip(row, measures):
+                ax.plot(x, [r[key] for r in rows], "--" if "seed1" in label else "-", marker="o", markersize=3,
+                        label=label)
+            row[0].axhline(rows[0]["whitespace_share"], color="grey", linewidth=0.6)
+        for ax, (_, title) in zip(row, measures):
+            ax.set_title(f"{corpus}: {title}", fontsize=10)
+            ax.set_xlabel("training FLOPs")
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    if sys.argv[1] == "--plot":  # redraw from the JSON
+        out = Path(sys.argv[2])
+        plot(json.loads(out.with_suffix(".json").read_text()), out.with_suffix(".png"))
+        return
+    out, runs = Path(sys.argv[1]), [arg.rsplit("=", 1) for arg in sys.argv[2:]]  # labels may hold "="
+    torch.set_num_threads(1)
+    result = {label: trend(Path(path)) for label, path in runs}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    plot(result, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 
