@@ -64,6 +64,8 @@ class CompareSettings:
     eval_points: int = 8  # held-out evaluations per run (the curves)
     eval_samples: int = 4  # boundary samples of the final evaluation, stochastic strategies
     analysis_samples: int = 1  # boundary samples of the boundary measures, stochastic strategies
+    # held-out sequences every run is evaluated on, whatever its batch size (the first of the val split)
+    heldout_sequences: int = 64
     paragraph: str | None = None  # the text shown segmented by every strategy (default: from the held-out data)
     progress: bool = False
     command: str = ""  # the command line, for command.txt
@@ -137,6 +139,8 @@ def run_config(settings: CompareSettings, strategy: str, seed: int) -> RunConfig
     cfg = load_config(settings.config, settings.overrides)
     cfg.boundaries.name = strategy
     cfg.train.seed = cfg.train.seed + seed
+    # the same held-out sequences for every run: a run with smaller batches gets more of them
+    cfg.train.eval_batches = -(-settings.heldout_sequences // cfg.train.batch_size)
     return cfg
 
 

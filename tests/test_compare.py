@@ -45,7 +45,8 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     budget = 6e8  # about ten steps of 4 x 64 bytes
     (tmp_path / "paragraph.txt").write_text("The quick brown fox jumps over a lazy dog.")  # short: a quick PNG
     args = ["compare", "--strategies", "uniform,bpe,no_such_strategy", "--flops", str(budget),
-            "--out", str(out), "--eval-points", "2", "--paragraph-file", str(tmp_path / "paragraph.txt"),
+            "--out", str(out), "--eval-points", "2", "--heldout-sequences", "4",
+            "--paragraph-file", str(tmp_path / "paragraph.txt"),
             "--no-progress", *TINY,
             f"data.source={prepared}", "data.mode=packed"]
     assert cli_main(args) == 0
@@ -120,3 +121,14 @@ def test_claims_follow_their_stated_rules():
     runs[0], runs[1] = run("learned", 0, 3.5, 0.2), run("learned", 1, 3.6, 0.19)
     verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
     assert verdicts["structure"] == "not above blind placement" and verdicts["bpb vs whitespace"] == "behind"
+
+
+def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch_size():
+    """A run with smaller batches (several boundary draws per sequence, say) gets more held-out batches:
+    64 sequences for every batch size that divides 64, the next whole batch above for the others."""
+    from learntok.compare import CompareSettings, run_config
+    for batch_size, sequences in ((8, 64), (4, 64), (2, 64), (3, 66)):
+        settings = CompareSettings(config="cpu_default", strategies=["learned"], flops=1e12, out=Path("unused"),
+                                   overrides=[f"train.batch_size={batch_size}"], heldout_sequences=64)
+        t = run_config(settings, "learned", 0).train
+        assert t.batch_size * t.eval_batches == sequences

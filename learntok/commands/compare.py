@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="boundary samples in the final evaluation of stochastic strategies (default 4)")
     p.add_argument("--analysis-samples", type=int, default=1,
                    help="boundary samples for the boundary measures of stochastic strategies (default 1)")
+    p.add_argument("--heldout-sequences", type=int, default=64,
+                   help="held-out sequences every run is evaluated on, the first of the val split, whatever the "
+                        "run's batch size, rounded up to whole batches (sets train.eval_batches; default 64)")
     p.add_argument("--paragraph-file", metavar="F",
                    help="UTF-8 text to show segmented by every strategy (default: a held-out paragraph)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -64,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if not strategies:
         print("error: --strategies lists no strategy")
         return 2
-    if min(args.seeds, args.eval_points, args.eval_samples, args.analysis_samples) < 1:
-        print("error: --seeds, --eval-points, --eval-samples and --analysis-samples must be >= 1")
+    if min(args.seeds, args.eval_points, args.eval_samples, args.analysis_samples, args.heldout_sequences) < 1:
+        print("error: --seeds, --eval-points, --eval-samples, --analysis-samples and --heldout-sequences must be >= 1")
         return 2
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -87,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
         command += f"   # --budget-bytes {args.budget_bytes:g} = {flops:.6g} FLOPs"
     settings = CompareSettings(config=args.config, strategies=strategies, flops=flops, out=out,
                                overrides=list(args.overrides), seeds=args.seeds, eval_points=args.eval_points,
-                               eval_samples=args.eval_samples, analysis_samples=args.analysis_samples, paragraph=paragraph, progress=not args.no_progress,
-                               command=command)
+                               eval_samples=args.eval_samples, analysis_samples=args.analysis_samples,
+                               heldout_sequences=args.heldout_sequences, paragraph=paragraph,
+                               progress=not args.no_progress, command=command)
     print(f"comparing {', '.join(strategies)} at {flops:.4g} training FLOPs each ({args.seeds} seed(s)); report in {out}")
     try:
         payload = run_comparison(settings)
