@@ -370,10 +370,9 @@ def prepared_data(args, work: Path) -> Path:
 
 def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str) -> dict:
     from learntok.analysis import analyse
-    from learntok.compare import BudgetTrainer
     from learntok.config import load_config
     from learntok.data.loader import make_data
-    from learntok.train.trainer import evaluate
+    from learntok.train.trainer import Trainer, evaluate
 
     flops = args.flops
     uniform_part = out_dir / "part_learn_uniform.json"
@@ -390,10 +389,10 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     run_dir = work / f"learn_{strategy}"
     shutil.rmtree(run_dir, ignore_errors=True)
 
-    class ProbedRun(BudgetTrainer):
-        """The FLOPs-budget trainer with a held-out probe every `probe_every` seconds; without a budget, the
-        budget is fixed once the speed is known (between the settle steps: after compilation, inside the
-        warm-up) to `learn_seconds` of training at that speed."""
+    class ProbedRun(Trainer):
+        """The trainer, run to a FLOPs budget, with a held-out probe every `probe_every` seconds. Without a
+        budget given, it is fixed once the speed is known (between the settle steps: after compilation,
+        inside the warm-up) to `learn_seconds` of training at that speed."""
 
         def train_step(self, batch):
             if self.step == sizes.settle_steps[0]:
@@ -402,8 +401,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             if self.step == sizes.settle_steps[1] and flops is None:
                 sync(self.device)
                 rate = (self.flops - self.mark[0]) / (time.perf_counter() - self.mark[1])
-                self.budget = rate * sizes.learn_seconds
-                say(f"  speed {rate / 1e12:.2f} TFLOP/s -> budget {self.budget:.4g} FLOPs")
+                self.flops_budget = rate * sizes.learn_seconds
+                say(f"  speed {rate / 1e12:.2f} TFLOP/s -> budget {self.flops_budget:.4g} FLOPs")
             metrics = super().train_step(batch)
             probe_due = time.perf_counter() - self.last_probe >= sizes.probe_every and self.step > sizes.settle_steps[1]
             if probe_due or self.step >= self.total_steps:
@@ -426,8 +425,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             return row
 
     say(f"training {strategy} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
-    trainer = ProbedRun(cfg, run_dir, progress=False, data=data)
-    trainer.budget = flops if flops is not None else 1e30  # fixed at the settle step for the uniform run
+    # the uniform run's budget is fixed at the settle step; until then the schedule plans for 1e30 FLOPs
+    trainer = ProbedRun(cfg, run_dir, progress=False, data=data, flops_budget=flops if flops is not None else 1e30)
     trainer.probes, trainer.started = [], time.perf_counter()
     trainer.last_probe = trainer.started
     trainer.train()

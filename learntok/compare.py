@@ -9,10 +9,10 @@ each trains on a different number of bytes:
 
 1. the fresh model is run on the first two held-out batches (training mode, no gradient) to measure its
    FLOPs per byte, and `train.training_bytes = budget / (FLOPs per byte)` plans the run;
-2. during training `training_bytes` is re-planned after every step from the FLOPs per byte of the run so
-   far (`bytes_seen + (budget - flops) / (flops / bytes_seen)`), so the cosine schedule ends where the
-   cumulative FLOPs reach the budget even when the rate drifts; the run stops at the first step whose
-   cumulative FLOPs reach the budget (at most one step over).
+2. the trainer runs to the budget (`Trainer(flops_budget=...)`): `training_bytes` is re-planned after
+   every step from the FLOPs per byte of the run so far, so the cosine schedule ends where the cumulative
+   FLOPs reach the budget even when the rate drifts, and the run stops at the first step whose cumulative
+   FLOPs reach it (at most one step over).
 
 `train.eval_every` is set so that each run logs about `eval_points` held-out points (the bpb-vs-FLOPs
 curves). After training, each model is evaluated on the same held-out batches with the trainer's
@@ -90,24 +90,6 @@ class RunResult:
     curve: list = field(default_factory=list)  # [(flops, val_bpb)] during training
 
 
-class BudgetTrainer(Trainer):
-    """The trainer, with `training_bytes` re-planned after each step so that the schedule ends at a FLOPs
-    budget (see the module docstring). Uses only the trainer's public state."""
-
-    budget: float = math.inf
-
-    def train_step(self, batch):
-        metrics = super().train_step(batch)
-        t = self.cfg.train
-        if self.flops >= self.budget:
-            self.total_steps = self.step  # the loop evaluates, checkpoints and stops after this step
-        elif self.bytes_seen:
-            per_byte = self.flops / self.bytes_seen
-            t.training_bytes = float(self.bytes_seen + (self.budget - self.flops) / per_byte)
-            self.total_steps = max(self.step + 1, math.ceil(t.training_bytes / self.bytes_per_step))
-        return metrics
-
-
 # --- planning ------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -183,8 +165,8 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / OWNER_FILE).write_text(str(os.getpid()))
     try:
-        trainer = BudgetTrainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data)
-        trainer.budget = settings.flops
+        trainer = Trainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data,
+                          flops_budget=settings.flops)
         trainer.train()
     except (FloatingPointError, RuntimeError, ValueError) as e:  # NonFiniteError, CheckpointError, ...
         result.status, result.message = "failed", f"{type(e).__name__}: {e}"

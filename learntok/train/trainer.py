@@ -198,10 +198,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-                 data: DataSources | None = None):
+                 data: DataSources | None = None, flops_budget: float | None = None):
+        """`flops_budget`: end the run where its cumulative training FLOPs reach this, instead of at
+        `train.training_bytes` (see `_plan_to_budget`); `learntok compare` runs every strategy so."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.progress = progress
+        self.flops_budget = flops_budget
         t = cfg.train
         set_threads(t.threads)
         # torchrun's processes join one group here; one process is rank 0 of 1 (train/distributed.py)
@@ -496,7 +499,21 @@ class Trainer:
         metrics["grad_norm"] = grad_norm.detach()
         metrics["lr"] = torch.tensor(lr)
         metrics["applied"] = ok
+        if self.flops_budget is not None:
+            self._plan_to_budget()
         return metrics
+
+    def _plan_to_budget(self) -> None:
+        """Stop after this step once the FLOPs reach `flops_budget`; until then re-plan `training_bytes` as
+        the bytes the remaining FLOPs buy at the FLOPs per byte so far, so that the cosine schedule ends
+        where the FLOPs reach the budget even when the rate of boundaries drifts (at most one step over)."""
+        t = self.cfg.train
+        if self.flops >= self.flops_budget:
+            self.total_steps = self.step  # the loop evaluates, checkpoints and stops after this step
+        elif self.bytes_seen:
+            per_byte = self.flops / self.bytes_seen
+            t.training_bytes = float(self.bytes_seen + (self.flops_budget - self.flops) / per_byte)
+            self.total_steps = max(self.step + 1, math.ceil(t.training_bytes / self.bytes_per_step))
 
     def _agree_to_stop(self, time_up: bool) -> tuple[bool, bool]:
         """With several ranks: (time up, stop) on any rank -> on every rank (a collective: called by all
