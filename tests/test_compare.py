@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from learntok.cli import main as cli_main
-from learntok.compare import CompareSettings, aggregate, flops_per_byte, table_markdown
+from learntok.compare import CompareSettings
+from learntok.compare.report import aggregate, table_markdown
+from learntok.compare.run import flops_per_byte
 from learntok.config import load_config
 from learntok.data.loader import make_data
 from learntok.train.trainer import build_model
@@ -100,7 +102,8 @@ def test_table_reports_skipped_and_spread_over_seeds():
 
 
 def test_claims_follow_their_stated_rules():
-    from learntok.compare import RunResult, bpb_difference, claims
+    from learntok.compare import RunResult
+    from learntok.compare.report import bpb_difference, claims
 
     def run(strategy, seed, bpb, ws_precision):
         summary = {"whitespace_precision": ws_precision}
@@ -126,7 +129,8 @@ def test_claims_follow_their_stated_rules():
 def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch_size():
     """A run with smaller batches (several boundary draws per sequence, say) gets more held-out batches:
     64 sequences for every batch size that divides 64, the next whole batch above for the others."""
-    from learntok.compare import CompareSettings, run_config
+    from learntok.compare import CompareSettings
+    from learntok.compare.run import run_config
     for batch_size, sequences in ((8, 64), (4, 64), (2, 64), (3, 66)):
         settings = CompareSettings(config="cpu_default", strategies=["learned"], flops=1e12, out=Path("unused"),
                                    overrides=[f"train.batch_size={batch_size}"], heldout_sequences=64)

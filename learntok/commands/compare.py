@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import CompareSettings, budget_for_bytes, run_comparison
+    from ..compare import CompareSettings, run_comparison
+    from ..compare.run import budget_for_bytes
     from ..config import ConfigError, load_config
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]

@@ -1,0 +1,70 @@
+"""Train several boundary strategies in one architecture at one training-FLOPs budget and compare them
+(paper §4.2, figures 3 and 4; the command is `learntok compare`).
+
+Every strategy gets the same config (architecture, optimiser, data, seed) with only `boundaries.name`
+changed, and the same budget of training FLOPs, counted as the trainer counts them (paper §4.2: 6 per
+matrix parameter per byte at the byte level, per token at the token level; cumulative `flops` in
+metrics.jsonl). Strategies differ in FLOPs per byte (their realised rate, their own parameters), so
+each trains on a different number of bytes:
+
+1. the fresh model is run on the first two held-out batches (training mode, no gradient) to measure its
+   FLOPs per byte, and `train.training_bytes = budget / (FLOPs per byte)` plans the run;
+2. the trainer runs to the budget (`Trainer(flops_budget=...)`): `training_bytes` is re-planned after
+   every step from the FLOPs per byte of the run so far, so the cosine schedule ends where the cumulative
+   FLOPs reach the budget even when the rate drifts, and the run stops at the first step whose cumulative
+   FLOPs reach it (at most one step over).
+
+`train.eval_every` is set so that each run logs about `eval_points` held-out points (the bpb-vs-FLOPs
+curves). After training, each model is evaluated on the same held-out sequences (the first
+`heldout_sequences` of the val split, whatever the run's batch size) with the trainer's `evaluate`
+(boundaries sampled: `eval_samples` seeded draws for stochastic strategies, one for deterministic ones)
+and measured with `learntok.analysis.analyse` (rate, whitespace precision/recall, agreement with word
+and BPE boundaries, token lengths, boundary enrichment B from the early-exit head's surprisal).
+
+Running is `learntok.compare.run` (settings, the budget's plan, one run, the BPE reference), reporting
+`learntok.compare.report` (table, verdicts, plots, results.json). The report folder holds table.md,
+results.json, bpb_vs_flops.png, segmentation.png, segmentation.html, command.txt, and
+runs/<strategy>-seed<k>/ (each a normal run directory: config.yaml, metrics.jsonl, checkpoints,
+result.json). A comparison interrupted part-way continues where it stopped when run again with the same
+--out: finished runs (result.json) are reused, a run with checkpoints is resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..config import load_config
+from .report import write_report
+from .run import DEFAULT_STRATEGIES, BpeReference, CompareSettings, RunResult, default_paragraph, train_one
+
+__all__ = ["DEFAULT_STRATEGIES", "CompareSettings", "RunResult", "run_comparison"]
+
+
+def run_comparison(settings: CompareSettings, log=print) -> dict:
+    """Train, evaluate and analyse every strategy and seed; write the report. Returns results.json's content."""
+    from ..display import Segmentation
+
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    settings.out.mkdir(parents=True, exist_ok=True)
+    base = load_config(settings.config, settings.overrides)
+    reference = BpeReference(base)
+    if settings.paragraph is None:
+        settings.paragraph = default_paragraph(base)
+    results, segs = [], []
+    for i, strategy in enumerate(settings.strategies):
+        for seed in range(settings.seeds):
+            log(f"[{i + 1}/{len(settings.strategies)}] {strategy}, seed {seed}")
+            r = train_one(settings, strategy, seed, reference, log=log)
+            results.append(r)
+            if r.status == "ok":
+                log(f"  held-out bpb {r.bpb:.3f}, rate {r.analysis['summary']['rate']:.3f}, "
+                    f"{r.flops:.3g} FLOPs ({r.bytes / 1e6:.2f}M bytes) in {r.wall_s / 60:.1f} min")
+                if seed == 0:
+                    data = json.loads((Path(r.run_dir) / "segmentation.json").read_text())
+                    segs.append((strategy, Segmentation(bytes(data["bytes"]), data["probs"], data["boundaries"])))
+            else:
+                log(f"  {r.status}: {r.message}")
+    return write_report(settings, results, segs, reference, started, time.perf_counter() - t0)

@@ -1,0 +1,307 @@
+"""A comparison's report: the table, the per-claim verdicts, the bpb-vs-FLOPs plot, the segmentation
+picture and page, and results.json (see `learntok.compare`)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import platform
+import statistics
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from .run import BpeReference, CompareSettings, RunResult
+
+# one colour per strategy in every plot (the paper's figure 3: ours green, uniform blue, straight-through orange)
+COLOURS = {"learned": "#2ca02c", "uniform": "#1f77b4", "random": "#7f7f7f", "whitespace": "#9467bd",
+           "entropy": "#8c564b", "bpe": "#d62728", "dynamic_pooling": "#ff7f0e", "hnet": "#e377c2", "file": "#17becf"}
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def aggregate(results: list[RunResult]) -> list[dict]:
+    """One row per strategy: means over its seeds (and the spread of bpb over seeds)."""
+    rows = []
+    for name in dict.fromkeys(r.strategy for r in results):
+        runs = [r for r in results if r.strategy == name]
+        ok = [r for r in runs if r.status == "ok"]
+        if not ok:
+            rows.append({"strategy": name, "status": runs[0].status, "message": runs[0].message})
+            continue
+        mean = statistics.fmean
+        bpbs = [r.bpb for r in ok]
+        spread = statistics.stdev(bpbs) if len(bpbs) > 1 else None
+        summary = {k: mean([r.analysis["summary"].get(k, float("nan")) for r in ok]) for k in ok[0].analysis["summary"]}
+        rows.append({"strategy": name, "status": "ok", "seeds": len(ok), "bpb": mean(bpbs), "bpb_std_over_seeds": spread,
+                     "bpb_std_over_samples": mean([r.bpb_std_over_samples for r in ok]), "eval_samples": ok[0].eval_samples,
+                     "flops": mean([r.flops for r in ok]), "bytes": mean([r.bytes for r in ok]),
+                     "wall_s": mean([r.wall_s for r in ok]), **summary,
+                     "message": "; ".join(r.message for r in runs if r.status != "ok")})
+    return rows
+
+
+def table_markdown(rows: list[dict], budget: float) -> str:
+    head = ("| strategy | held-out bpb | boundary rate | whitespace precision | whitespace recall | F1 vs BPE | "
+            "F1 vs words | bytes per token | enrichment B | training FLOPs | training bytes |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['strategy']} | {r['status']}: {r['message']} |" + " |" * 9)
+            continue
+        bpb = _fmt(r["bpb"])
+        if r["bpb_std_over_seeds"] is not None:
+            bpb += f" ± {r['bpb_std_over_seeds']:.3f} ({r['seeds']} seeds)"
+        lines.append(
+            f"| {r['strategy']} | {bpb} | {_fmt(r['rate'])} | {_fmt(r['whitespace_precision'])} | "
+            f"{_fmt(r['whitespace_recall'])} | {_fmt(r.get('bpe_f1'))} | {_fmt(r['word_f1'])} | "
+            f"{_fmt(r['mean_token_bytes'], 2)} | {_fmt(r['enrichment_B'], 2)} | {r['flops']:.3g} "
+            f"({r['flops'] / budget:.3f}×) | {r['bytes'] / 1e6:.2f}M |")
+    return "\n".join(lines)
+
+
+def bpb_difference(a: list[float], b: list[float]) -> tuple[float, float | None]:
+    """mean(a) - mean(b) and its standard error (None with a single seed on either side)."""
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return diff, None
+    return diff, (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+
+
+def claims(results: list[RunResult], whitespace_share: float, policy: str = "learned") -> list[dict]:
+    """What these runs say about the paper's claims on the learned policy, as explicit rules on the numbers:
+
+    structure   the policy's whitespace precision, compared with blind placement (the whitespace share
+                of the bytes) and with the `whitespace` strategy's (1.0 when it was not run): whitespace-
+                like when it is at least halfway from the first to the second in every seed;
+    bpb vs X    held-out bpb difference to strategy X with its standard error over seeds: ahead or behind
+                when the difference exceeds two standard errors, within noise otherwise, not judged with
+                one seed."""
+    ok = [r for r in results if r.status == "ok"]
+    by_strategy: dict[str, list[RunResult]] = {}
+    for r in ok:
+        by_strategy.setdefault(r.strategy, []).append(r)
+    if policy not in by_strategy:
+        return []
+    mine = by_strategy[policy]
+    out = []
+    ws = [r.analysis["summary"]["whitespace_precision"] for r in mine]
+    ceiling = 1.0
+    if "whitespace" in by_strategy:
+        ceiling = sum(r.analysis["summary"]["whitespace_precision"] for r in by_strategy["whitespace"]) / len(by_strategy["whitespace"])
+    halfway = whitespace_share + 0.5 * (ceiling - whitespace_share)
+    verdict = "whitespace-like" if min(ws) >= halfway else ("above blind placement" if min(ws) > whitespace_share else "not above blind placement")
+    out.append({"claim": "structure", "verdict": verdict,
+                "detail": (f"whitespace precision {', '.join(f'{x:.3f}' for x in ws)} (per seed) against blind "
+                           f"placement {whitespace_share:.3f} and the whitespace strategy's {ceiling:.3f} "
+                           f"(halfway: {halfway:.3f})")})
+    bpb = [r.bpb for r in mine]
+    for name, runs in by_strategy.items():
+        if name == policy:
+            continue
+        diff, se = bpb_difference(bpb, [r.bpb for r in runs])
+        if se is None:
+            verdict = "one seed: not judged"
+        elif abs(diff) > 2 * se:
+            verdict = "ahead" if diff < 0 else "behind"
+        else:
+            verdict = "within noise"
+        out.append({"claim": f"bpb vs {name}", "verdict": verdict,
+                    "detail": f"{policy} minus {name}: {diff:+.3f} bpb" + (f" ± {se:.3f} (standard error)" if se is not None else "")})
+    return out
+
+
+def claims_markdown(items: list[dict]) -> str:
+    if not items:
+        return ""
+    lines = ["## The learned policy against the paper's claims, by explicit rules (`learntok.compare.report.claims`)", "",
+             "| question | verdict | numbers |", "|---|---|---|"]
+    lines += [f"| {c['claim']} | {c['verdict']} | {c['detail']} |" for c in items]
+    lines += ["", "Claims 1 and 4 of the paper (boundaries find whitespace-like, or code-shaped, structure with no prior) "
+              "are the `structure` row; claim 2 (ahead of uniform, random and the straight-through methods at matched "
+              "FLOPs, level with BPE guidance) the `bpb` rows; claim 3 (the variance reductions are needed) is "
+              "measured by `benchmarks/estimator_variance.py`, not here."]
+    return "\n".join(lines)
+
+
+def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
+    """Held-out bpb against cumulative training FLOPs, one curve per strategy (seeds in one colour)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(7.5, 4.6), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    seen = set()
+    finals = []
+    final_bpb: dict[str, list[float]] = {}  # the legend gives each strategy's mean over its seeds
+    for r in results:
+        if r.status == "ok":
+            final_bpb.setdefault(r.strategy, []).append(r.bpb)
+    for r in results:
+        if r.status != "ok" or not r.curve:
+            continue
+        first = r.strategy not in seen
+        seen.add(r.strategy)
+        colour = COLOURS.get(r.strategy, "#bcbd22")
+        xs, ys = zip(*r.curve)
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6 if r.strategy == "learned" else 1.1, color=colour,
+                label=f"{r.strategy} ({sum(final_bpb[r.strategy]) / len(final_bpb[r.strategy]):.3f})" if first else None)
+        finals.append(ys[-1])
+        later = ys[1:] if len(ys) > 2 else ys  # the first point (high above the rest) may leave the frame
+        finals.extend(later)
+    if not finals:
+        return None
+    lo, hi = min(finals), max(finals)
+    ax.set_ylim(lo - 0.05 * (hi - lo + 0.1), hi + 0.15 * (hi - lo + 0.1))
+    ax.set_xlabel("training FLOPs (paper §4.2 accounting)")
+    ax.set_ylabel("held-out bits per byte")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    seeds = max(len(v) for v in final_bpb.values())
+    ax.legend(fontsize=8, title="strategy (final held-out bpb" + (f", mean of {seeds} seeds)" if seeds > 1 else ")"),
+              title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def write_segmentation_png(segs: list[tuple[str, object]], path: Path, width: int = 100) -> Path | None:
+    """Every strategy's segmentation of the paragraph, one panel each (`display.save_png`), in a grid of
+    one or two columns, saved with a 64-colour palette (a few hundred KB at most)."""
+    try:
+        import numpy as np
+        from matplotlib import image as mpimg
+        from PIL import Image
+
+        from ..display import save_png
+    except ImportError:
+        return None
+    panels = []
+    tmp = path.parent / f".{path.stem}.panel.png"
+    try:
+        for name, seg in segs:
+            rate = sum(seg.boundaries) / max(len(seg.boundaries), 1)
+            save_png(seg, tmp, width=width, title=f"{name}  (rate {rate:.3f} on this paragraph)", font_size=9, dpi=80)
+            panels.append(mpimg.imread(tmp)[..., :3])
+    finally:
+        tmp.unlink(missing_ok=True)
+    if not panels:
+        return None
+    h, w = max(p.shape[0] for p in panels), max(p.shape[1] for p in panels)
+    cols = 2 if len(panels) > 1 and 2 * w <= 1600 else 1
+    grid = np.ones((-(-len(panels) // cols) * (h + 4), cols * (w + 4), 3), dtype=np.float32)
+    for k, p in enumerate(panels):
+        r, c = divmod(k, cols)
+        grid[r * (h + 4): r * (h + 4) + p.shape[0], c * (w + 4): c * (w + 4) + p.shape[1]] = p
+    image = Image.fromarray((grid * 255).round().astype(np.uint8)).quantize(colors=64)
+    image.save(path, format="PNG", optimize=True)
+    return path
+
+
+def html_fragment(seg) -> str:
+    """The coloured text of a segmentation, compact: one class per probability decile instead of inline
+    styles (display.html_fragment's look, at a fifth of the size for many panels)."""
+    from ..display import shown_as
+
+    out = []
+    for c in seg.characters():
+        level = round(min(max(c.prob, 0.0), 1.0) * 10)
+        shown = html.escape("".join(shown_as(ch) for ch in c.char))
+        out.append(f'<span class="p{level}{" e" if c.boundary else ""}">{shown}</span>' + ("\n" if c.char == "\n" else ""))
+    return f'<div class="seg">{"".join(out)}</div>'
+
+
+def _segmentation_css() -> str:
+    from ..display import ink_on, probability_colour
+
+    rules = [f".p{k} {{ background: rgb{probability_colour(k / 10)}; color: rgb{ink_on(probability_colour(k / 10))}; }}" for k in range(11)]
+    return ("\n".join(rules) + "\n.e { box-shadow: inset -2px 0 0 #111; }\n"
+            ".seg { font-family: 'DejaVu Sans Mono', Menlo, Consolas, monospace; white-space: pre-wrap; "
+            "line-height: 1.9; word-break: break-all; }")
+
+
+def segmentation_html(segs: list[tuple[str, object]], title: str) -> str:
+    parts = []
+    for name, seg in segs:
+        rate = sum(seg.boundaries) / max(len(seg.boundaries), 1)
+        parts.append(f"<h2>{html.escape(name)} <small>rate {rate:.3f} on this paragraph, "
+                     f"{len(seg.tokens())} tokens</small></h2>\n{html_fragment(seg)}")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body {{ font-family: system-ui, sans-serif; max-width: 64em; margin: 2em auto; padding: 0 1em; color: #222; }}
+h2 {{ font-size: 1.05em; margin: 1.4em 0 0.3em; }} small {{ color: #666; font-weight: normal; }}
+{_segmentation_css()}</style></head>
+<body><h1>{html.escape(title)}</h1>
+<p>Each character is coloured by the boundary probability at its last byte (blue low, red high; deterministic
+strategies show 0 or 1); a dark bar on its right: a token ends there. Stochastic strategies are drawn with seed 0.
+BPE: the tokenizer's boundaries shifted right by one byte, as the <code>bpe</code> strategy trains with them.</p>
+{chr(10).join(parts)}
+</body></html>
+"""
+
+
+def machine_description() -> str:
+    return (f"{platform.node() or 'unknown host'}: {platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} CPUs visible, torch {torch.__version__}, "
+            f"Python {platform.python_version()}")
+
+
+def write_report(settings: CompareSettings, results: list[RunResult], segs: list[tuple[str, object]],
+                 reference: BpeReference, started: datetime, seconds: float) -> dict:
+    out = settings.out
+    rows = aggregate(results)
+    corpus = settings.overrides and next((o.split("=", 1)[1] for o in settings.overrides if o.startswith("data.source=")), None)
+    corpus = corpus or "the config's data"
+    plot = write_plot(results, out / "bpb_vs_flops.png", f"held-out bpb vs training FLOPs, {corpus}, "
+                                                          f"budget {settings.flops:.3g} FLOPs per run")
+    seg_png = write_segmentation_png(segs, out / "segmentation.png")
+    (out / "segmentation.html").write_text(segmentation_html(segs, f"The same held-out paragraph, segmented by each "
+                                                                   f"strategy ({corpus})"))
+    (out / "command.txt").write_text(f"{settings.command}\n# report written {started.isoformat(timespec='seconds')} "
+                                     f"on {machine_description()}; training and evaluation summed over the runs "
+                                     f"{sum(r.wall_s for r in results) / 60:.1f} min, this invocation "
+                                     f"{seconds / 60:.1f} min (finished runs are reused)\n")
+    first_ok = next((r for r in results if r.status == "ok"), None)
+    ws_share = first_ok.analysis["summary"]["whitespace_share"] if first_ok else float("nan")
+    table = table_markdown(rows, settings.flops)
+    held_out = (f"{first_ok.analysis.get('heldout_sequences')} held-out sequences "
+                f"({first_ok.analysis.get('heldout_bytes')} predicted bytes)") if first_ok else "held-out sequences"
+    spread = f"; ± is the standard deviation over {settings.seeds} seeds." if settings.seeds > 1 else "; one seed."
+    notes = [
+        (f"Budget: {settings.flops:.4g} training FLOPs per run (paper §4.2 accounting); each run re-plans its "
+         f"training bytes so that its cosine schedule ends at the budget (see `learntok/compare/__init__.py`)."),
+        (f"Held-out bpb: the trainer's `evaluate` on the same {held_out} for every strategy, boundaries sampled "
+         f"({settings.eval_samples} seeded draws for stochastic strategies, 1 for deterministic ones){spread}"),
+        (f"Boundary measures on the same held-out batches, forced boundaries (BOS, document starts) excluded. "
+         f"Whitespace is {ws_share:.3f} of these bytes: the whitespace precision of placement blind to it."),
+        (f"F1 vs BPE: boundary positions against {reference.description}. BPE merges inside a word depend on "
+         f"later bytes, so the `bpe` strategy sees some of the future (paper §4.3, appendix D.1)."),
+        ("F1 vs words: against the first space-like byte after each word (SpaceByte's rule; the `whitespace` "
+         "strategy is that rule)."),
+        ("Enrichment B (SOMBRERO, arXiv 2601.22805): P(top-20% next-byte surprisal | boundary) / P(top-20%), "
+         "surprisal from each model's early-exit head; 1 = blind to surprisal (`learntok/analysis.py`)."),
+    ]
+    run_line = (f"Run {started.strftime('%Y-%m-%d')} on {machine_description()}; training and evaluation took "
+                f"{sum(r.wall_s for r in results) / 60:.1f} minutes summed over the runs (this invocation: "
+                f"{seconds / 60:.1f} minutes; finished runs are reused).")
+    verdicts = claims(results, ws_share)
+    text = "\n".join([f"# Boundary strategies at matched training FLOPs: {corpus}", "", f"`{settings.command}`", "",
+                      run_line, "", table, "", *[f"- {n}" for n in notes], "", claims_markdown(verdicts), ""])
+    (out / "table.md").write_text(text)
+    payload = {"command": settings.command, "started": started.isoformat(timespec="seconds"), "seconds": seconds,
+               "machine": machine_description(), "settings": {**asdict(settings), "out": str(settings.out)},
+               "bpe_reference": reference.description, "rows": rows, "claims": verdicts,
+               "runs": [asdict(r) for r in results],
+               "files": {"table": "table.md", "plot": plot and plot.name, "segmentation_png": seg_png and seg_png.name,
+                         "segmentation_html": "segmentation.html"}}
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=float))
+    return payload

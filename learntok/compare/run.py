@@ -1,0 +1,275 @@
+"""Running a comparison: its settings, the FLOPs budget's plan, one strategy's training run (reused or
+resumed when the report folder already holds it), the BPE reference every run is measured against, and
+the paragraph every model segments. See `learntok.compare` for the method."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import RunConfig, load_config, to_dict
+from ..data.bpe import bpe_boundaries
+from ..data.loader import make_data
+from ..train.trainer import Trainer, build_model, evaluate, read_metrics
+
+DEFAULT_STRATEGIES = ("learned", "uniform", "random", "whitespace", "entropy", "bpe", "dynamic_pooling", "hnet")
+
+
+@dataclass
+class CompareSettings:
+    config: str | None  # YAML file or shipped config name; None: the defaults
+    strategies: list[str]
+    flops: float  # training-FLOPs budget per run
+    out: Path
+    overrides: list[str] = field(default_factory=list)  # key=value, applied to every run
+    seeds: int = 1  # runs per strategy, with train.seed = seed, seed + 1, ...
+    eval_points: int = 8  # held-out evaluations per run (the curves)
+    eval_samples: int = 4  # boundary samples of the final evaluation, stochastic strategies
+    analysis_samples: int = 1  # boundary samples of the boundary measures, stochastic strategies
+    # held-out sequences every run is evaluated on, whatever its batch size (the first of the val split)
+    heldout_sequences: int = 64
+    paragraph: str | None = None  # the text shown segmented by every strategy (default: from the held-out data)
+    progress: bool = False
+    command: str = ""  # the command line, for command.txt
+
+
+@dataclass
+class RunResult:
+    strategy: str
+    seed: int
+    status: str  # ok | skipped | failed
+    message: str = ""
+    run_dir: str = ""
+    bpb: float = float("nan")  # held-out, boundaries sampled, mean over `eval_samples` draws
+    bpb_std_over_samples: float = 0.0
+    eval_samples: int = 0
+    flops: float = 0.0  # cumulative training FLOPs at the end
+    bytes: float = 0.0  # training bytes seen
+    steps: int = 0
+    planned_flops_per_byte: float = 0.0
+    wall_s: float = 0.0
+    analysis: dict = field(default_factory=dict)
+    curve: list = field(default_factory=list)  # [(flops, val_bpb)] during training
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def flops_per_byte(model, batches, seed: int = 0) -> float:
+    """Training FLOPs per byte of `model` on `batches`, counted as the trainer counts them (training
+    mode, boundaries sampled, no gradient)."""
+    was_training = model.training
+    model.train()
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    flops = n = 0
+    try:
+        for batch in batches:
+            out = model(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=gen)
+            flops += model.flops(int(batch.inputs.numel()), out.tok_real.numel(), out.draws)
+            n += int(batch.inputs.numel())
+    finally:
+        model.train(was_training)
+    return flops / max(n, 1)
+
+
+def budget_for_bytes(config: str | None, overrides: list[str], n_bytes: float, strategy: str = "uniform") -> float:
+    """The training FLOPs that `strategy` (default: uniform) needs for `n_bytes` bytes in this config."""
+    cfg = load_config(config, [*overrides, f"boundaries.name={strategy}"])
+    data = make_data(cfg)
+    return n_bytes * flops_per_byte(build_model(cfg), data.val[:2])
+
+
+def run_config(settings: CompareSettings, strategy: str, seed: int) -> RunConfig:
+    cfg = load_config(settings.config, settings.overrides)
+    cfg.boundaries.name = strategy
+    cfg.train.seed = cfg.train.seed + seed
+    # the same held-out sequences for every run: a run with smaller batches gets more of them
+    cfg.train.eval_batches = -(-settings.heldout_sequences // cfg.train.batch_size)
+    return cfg
+
+
+# --- one run -------------------------------------------------------------------------------------
+
+def train_one(settings: CompareSettings, strategy: str, seed: int, reference, log=print) -> RunResult:
+    """Train (or reuse, or resume) one strategy at the budget, evaluate and analyse it."""
+    from ..analysis import analyse
+    from ..boundaries import STRATEGIES
+    from ..train import checkpoint as ckpt_io
+
+    run_dir = settings.out / "runs" / f"{strategy}-seed{seed}"
+    result = RunResult(strategy, seed, "skipped", run_dir=str(run_dir))
+    if strategy not in STRATEGIES:
+        result.message = f"not registered in learntok.boundaries.STRATEGIES (available: {', '.join(sorted(STRATEGIES))})"
+        return result
+    if (run_dir / "result.json").exists():
+        saved = json.loads((run_dir / "result.json").read_text())
+        log(f"  reusing the finished run in {run_dir}")
+        return RunResult(**saved)
+    owner = _owner(run_dir)
+    if owner is not None:
+        result.message = f"being trained by another process (pid {owner}); run the command again once it has finished"
+        return result
+    cfg = run_config(settings, strategy, seed)
+    try:
+        data = make_data(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        result.message = f"its data cannot be made: {e}"
+        return result
+    per_byte = flops_per_byte(build_model(cfg), data.val[:2], seed=cfg.train.seed)
+    t = cfg.train
+    t.training_bytes = settings.flops / per_byte
+    steps = max(1, math.ceil(t.training_bytes / (t.batch_size * t.seq_len)))
+    t.eval_every = max(1, steps // max(1, settings.eval_points))
+    resume = bool(ckpt_io.list_checkpoints(run_dir)) if run_dir.exists() else False
+    log(f"  {per_byte / 1e6:.3f} MFLOPs per byte at initialisation -> about {t.training_bytes / 1e6:.2f}M bytes, "
+        f"{steps} steps; held-out evaluation every {t.eval_every} steps" + (" (resuming)" if resume else ""))
+    start = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / OWNER_FILE).write_text(str(os.getpid()))
+    try:
+        trainer = Trainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data,
+                          flops_budget=settings.flops)
+        trainer.train()
+    except (FloatingPointError, RuntimeError, ValueError) as e:  # NonFiniteError, CheckpointError, ...
+        result.status, result.message = "failed", f"{type(e).__name__}: {e}"
+        return result
+    finally:
+        (run_dir / OWNER_FILE).unlink(missing_ok=True)
+    if trainer.stopped_by is not None:
+        raise KeyboardInterrupt(f"stopped by signal {trainer.stopped_by}; run the same command again to continue")
+    result.wall_s = time.perf_counter() - start
+    model, device = trainer.model, trainer.device
+    stochastic = getattr(model.boundaries, "stochastic", False)
+    samples = settings.eval_samples if stochastic else 1
+    ev = evaluate(model, data.val, samples=samples, device=device)
+    ref = reference.for_batches(data.val)
+    report = analyse(model, data.val, bpe_reference=ref, samples=settings.analysis_samples if stochastic else 1,
+                     seed=1234)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    result.status = "ok"
+    result.bpb, result.bpb_std_over_samples, result.eval_samples = ev["bpb"], ev["bpb_std_over_samples"], samples
+    result.flops, result.bytes, result.steps = float(trainer.flops), float(trainer.bytes_seen), trainer.step
+    result.planned_flops_per_byte = per_byte
+    result.analysis = {**report.to_dict(), "bpe_reference": reference.description,
+                       "heldout_sequences": sum(len(b.inputs) for b in data.val),
+                       "heldout_bytes": int(sum(int(b.valid.sum()) for b in data.val))}
+    result.curve = [(r["flops"], r["val_bpb"]) for r in rows if "val_bpb" in r]
+    segmentation = segment_paragraph(model, settings.paragraph)
+    (run_dir / "segmentation.json").write_text(json.dumps(segmentation.to_json()))
+    (run_dir / "result.json").write_text(json.dumps(asdict(result)))
+    return result
+
+
+OWNER_FILE = ".training_pid"  # in a run directory while a compare process trains it
+
+
+def _owner(run_dir: Path) -> int | None:
+    """The pid of another live process training `run_dir`, if any (two comparisons with the same --out,
+    e.g. one per share of the strategies, must not train the same run)."""
+    try:
+        pid = int((run_dir / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # left by a killed process: resume its run
+    except PermissionError:
+        pass
+    return pid
+
+
+# --- the BPE reference ---------------------------------------------------------------------------
+
+class BpeReference:
+    """BPE boundaries to compare every strategy with: the dataset's `bpe` track (exactly what the `bpe`
+    strategy trains with) when it has one, else a BPE fitted here to the training data at the target rate
+    (`learntok.data.bpe.fit_bpe`) and applied to each held-out row. None when `tokenizers` is missing."""
+
+    def __init__(self, cfg: RunConfig):
+        from ..data.bpe import BpeSegmenter
+
+        self.segmenter = None
+        self.track_batches = None
+        self.description = "none (install tokenizers for BPE agreement)"
+        source = Path(cfg.data.source)
+        try:
+            if cfg.data.source != "demo" and (source / "bpe" / "tokenizer.json").exists():
+                self.segmenter = BpeSegmenter.load(source / "bpe" / "tokenizer.json")
+                self.description = f"the dataset's BPE ({source / 'bpe' / 'tokenizer.json'})"
+                try:
+                    bpe_cfg = load_config(None, to_dict(cfg))
+                    bpe_cfg.boundaries.name = "bpe"
+                    self.track_batches = make_data(bpe_cfg).val
+                    self.description += ", its stored `bpe` track (shifted by one byte)"
+                except (ValueError, FileNotFoundError):
+                    self.description += " applied to each held-out row, shifted by one byte"
+            else:
+                self.segmenter = _fit_bpe(cfg)
+                self.description = (f"a BPE fitted by `learntok compare` to the training data at rate "
+                                    f"{cfg.boundaries.target_rate} (vocabulary {self.segmenter.vocab_size}), "
+                                    f"applied to each held-out row, shifted by one byte")
+        except ImportError:
+            self.segmenter = None
+
+    def for_batches(self, batches) -> list[torch.Tensor] | None:
+        if self.track_batches is not None and len(self.track_batches) == len(batches) and all(
+                torch.equal(a.inputs, b.inputs) for a, b in zip(self.track_batches, batches)):
+            return [b.boundaries for b in self.track_batches]
+        if self.segmenter is None:
+            return None
+        return [bpe_boundaries(b.inputs, self.segmenter) for b in batches]
+
+
+def _fit_bpe(cfg: RunConfig):
+    from ..data.bpe import fit_bpe, sample_split_docs
+
+    if cfg.data.source == "demo":
+        from ..data.bpe import _stream_docs
+        from ..data.demo import build_demo_corpus
+        docs = _stream_docs(build_demo_corpus(cfg.data.val_fraction).train)
+    else:
+        from ..data.shards import open_split
+        docs = sample_split_docs(open_split(cfg.data.source, "train"), 8 << 20)
+    segmenter, _ = fit_bpe(docs, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
+    return segmenter
+
+
+# --- the paragraph -------------------------------------------------------------------------------
+
+def default_paragraph(cfg: RunConfig) -> str:
+    """A held-out paragraph (300-700 bytes, the most plainly prose) of the comparison's data."""
+    from ..data.demo import build_demo_corpus, showcase_paragraph
+
+    if cfg.data.source == "demo":
+        stream = build_demo_corpus(cfg.data.val_fraction).val
+    else:
+        from ..data.shards import open_split
+        split = open_split(cfg.data.source, "val")
+        docs, size = [], 0
+        for i in range(len(split)):
+            docs.append(bytes(split.doc(i)))
+            size += len(docs[-1])
+            if size > 1 << 20:
+                break
+        stream = b"\n\n".join(docs)
+    return showcase_paragraph(stream, min_bytes=300, max_bytes=700)
+
+
+def segment_paragraph(model, text: str):
+    """The model's segmentation of `text` (seed 0); none where its strategy cannot make boundaries for
+    text that comes without them (a user's segmentation file)."""
+    from ..display import Segmentation, segment
+
+    if not model.boundaries.can_segment:
+        data = text.encode("utf-8")
+        return Segmentation(data, [0.0] * len(data), [False] * len(data))
+    return segment(model, text, seed=0)
