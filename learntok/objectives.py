@@ -105,15 +105,23 @@ def policy_batch_stats(rewards: torch.Tensor, probs: torch.Tensor, decide: torch
             "decide_count": m.sum()}
 
 
+def policy_advantages(rewards: torch.Tensor, decide: torch.Tensor, valid: torch.Tensor, *, gamma: float,
+                      centering: str, stats: dict[str, torch.Tensor] | None = None, group: int = 1) -> torch.Tensor:
+    """A_i: the discounted returns centred (paper eq. 15-17), detached; `stats` as in `policy_losses`."""
+    returns = discounted_returns(rewards * valid, gamma)
+    totals = None if stats is None else (stats["return_sum"], stats["decide_rows"])
+    return batch_centered(returns, decide, centering, totals, group).detach()
+
+
 def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor, rewards: torch.Tensor,
                   decide: torch.Tensor, valid: torch.Tensor, *, gamma: float, centering: str,
                   target_rate: float, stats: dict[str, torch.Tensor] | None = None, group: int = 1
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The policy loss L_pi = -mean(log pi(a_i) * detach(A_i)) and the target-rate loss
     L_target = mean(l) * detach(mean(p) - target) (paper eq. 18 and 24), as per-byte means.
 
     rewards (B, T): r_t, zero where there is no target; `decide` (B, T) bool: positions whose decision
-    the policy took (not forced, not padding). Returns (L_pi, L_target, advantages).
+    the policy took (not forced, not padding). Returns (L_pi, L_target).
 
     `stats`: `policy_batch_stats` summed over the global batch this batch is a part of (default: this
     batch's own). Then the baseline, mean(p) and the means' denominators are the global batch's, and these
@@ -122,12 +130,10 @@ def policy_losses(log_prob: torch.Tensor, logits: torch.Tensor, probs: torch.Ten
     (see `batch_centered`)."""
     if stats is None:
         stats = policy_batch_stats(rewards, probs, decide, valid, gamma=gamma)
-    returns = discounted_returns(rewards * valid, gamma)
-    advantages = batch_centered(returns, decide, centering, (stats["return_sum"], stats["decide_rows"]),
-                                group).detach()
+    advantages = policy_advantages(rewards, decide, valid, gamma=gamma, centering=centering, stats=stats, group=group)
     m = decide.to(log_prob.dtype)
     count = stats["decide_count"].clamp(min=1)
     loss_policy = -(log_prob * advantages * m).sum() / count
     mean_p = (stats["prob_sum"] / count).detach()
     loss_target = (logits * m).sum() / count * (mean_p - target_rate)
-    return loss_policy, loss_target, advantages
+    return loss_policy, loss_target

@@ -54,7 +54,7 @@ def enumerate_terms(model, batch_rows: Batch, configs):
     logp = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), batch_rows.targets, reduction="none")
     decide = torch.ones_like(configs)
     decide[:, 0] = False
-    log_pi = (out.boundaries.extras["log_prob"] * decide).sum(1)
+    log_pi = (out.boundaries.log_prob * decide).sum(1)
     return log_pi, logp
 
 
@@ -162,7 +162,7 @@ def test_discounting_gives_the_documented_bias_only():
     configs = all_configs()
     log_pi_all, logp = enumerate_terms(model, batch_of(len(configs)), configs)
     out = model(batch_of(len(configs)).inputs, uniforms=taking(configs))
-    log_prob = out.boundaries.extras["log_prob"]
+    log_prob = out.boundaries.log_prob
     # discounted returns by a float64 loop: G_i = sum_{t >= i} gamma^(t - i) r_t
     r = logp.detach().double()
     G = torch.zeros_like(r)

@@ -34,7 +34,7 @@ def make_model(name="learned", seed=0, **extra):
         if name == "entropy":  # the entropy rule itself (not the uniform fallback), at its median score
             model.boundaries.active.fill_(True)
             model.early_head.proj.weight.normal_(std=0.5)  # entropies that differ from byte to byte
-            score = model(random_inputs(2, 64, seed=9)).boundaries.extras["score"]
+            score = model(random_inputs(2, 64, seed=9)).boundaries.score
             model.boundaries.threshold.fill_(float(score.median()))
     return model
 

@@ -66,7 +66,7 @@ def test_sampled_decisions_agree_with_recomputed_probabilities():
     free = ~out.forced
     direct = u < bnd.probs
     assert (direct[free] == bnd.a[free]).float().mean() > 0.999
-    logp = bnd.extras["log_prob"]
+    logp = bnd.log_prob
     assert torch.allclose(logp.exp(), torch.where(bnd.a, bnd.probs, 1 - bnd.probs), atol=1e-6)
 
 
@@ -77,9 +77,9 @@ def test_eval_mode_drops_the_policy_softcap():
         model.boundaries.proj.weight.normal_(std=5.0)
     inputs = random_inputs(2, 64)
     model.train()
-    capped = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.extras["logits"]
+    capped = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.logits
     model.eval()
-    raw = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.extras["logits"]
+    raw = model(inputs, generator=torch.Generator().manual_seed(0)).boundaries.logits
     assert capped.abs().max() <= 1.0 and raw.abs().max() > 1.0
     assert torch.allclose(capped, torch.tanh(raw))
 

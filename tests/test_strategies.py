@@ -204,7 +204,7 @@ def test_hnet_routing_smoothing_and_ratio_loss():
     bnd = strat(byte_input(b"abcd", hidden))
     assert torch.allclose(bnd.probs[0], torch.tensor([1.0, 0.5, 0.0, 0.5, 1.0]))
     assert bnd.a[0].tolist() == [True, True, False, True, True]
-    assert torch.allclose(bnd.extras["confidence"][0], torch.tensor([1.0, 0.5, 1.0, 0.5, 1.0]))
+    assert torch.allclose(bnd.confidence[0], torch.tensor([1.0, 0.5, 1.0, 0.5, 1.0]))
     # the chunked EMA equals the plain recurrence, across several chunks
     g = torch.Generator().manual_seed(0)
     z, P = torch.randn(3, 150, 5, generator=g), torch.rand(3, 150, generator=g).clamp(1e-4, 1 - 1e-4)
@@ -269,7 +269,7 @@ def test_hnet_confidence_is_straight_through():
     assert model.boundaries.w_q.grad is not None and model.boundaries.w_q.grad.abs().sum() > 0
     # value: unpool is exactly X + smoothed tokens (the STE multiplies by exactly 1)
     bnd = out.boundaries
-    assert bool((bnd.extras["confidence"] >= 0.5).all())
+    assert bool((bnd.confidence >= 0.5).all())
 
 
 def test_supplied_strategies_mask_and_refuse_none():

@@ -23,7 +23,7 @@ Generation (optional): a strategy that can decide boundaries one byte at a time 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,11 +52,12 @@ class BoundaryInput:
 
 @dataclass
 class Boundaries:
-    """A strategy's decisions. Tensors are (B, T)."""
+    """A strategy's decisions. Tensors are (B, T), or (B, T - 1) where a field says so. A strategy that
+    needs more for its pooling, losses or metrics returns a subclass with typed fields (every field a
+    tensor with rows first, or None: gradient accumulation detaches and concatenates them by row)."""
 
     a: torch.Tensor  # bool hard boundaries, True at forced positions, False at padding
     probs: torch.Tensor | None = None  # P(a_i = 1) where the strategy has one (display, metrics)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # strategy-specific, for its losses
 
 
 @dataclass
@@ -78,7 +79,6 @@ class BoundaryStep:
 
     a: torch.Tensor  # bool: a token ends at this byte (True where forced)
     probs: torch.Tensor | None = None  # P(a_j = 1) where the strategy has one
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -141,7 +141,7 @@ class BoundaryStrategy(nn.Module):
         """For losses that need the whole global batch (the learned policy's batch-mean baseline): sums
         over this batch's rows, which gradient accumulation adds up over micro-batches (and could
         all-reduce over ranks) and then passes back as `losses(bnd, inp, stats)`; a strategy that returns
-        any must accept that argument, and the tensors those losses differentiate (in `bnd.extras`) must
+        any must accept that argument, and the tensors those losses differentiate (fields of its `Boundaries`) must
         branch off the encoder output apart from what `pool`/`unpool` use, since the decoder's graph is
         freed before they are backpropagated. Default: none, and `losses` must then be a mean over rows
         (the trainer weights each micro-batch's losses by its share of the rows)."""

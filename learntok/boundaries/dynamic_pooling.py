@@ -52,6 +52,14 @@ def binomial_log_pmf(k: torch.Tensor, n: torch.Tensor, p: float) -> torch.Tensor
 
 
 @dataclass
+class PooledBoundaries(Boundaries):
+    st: torch.Tensor | None = None  # (B, T) straight-through boundaries: value a, gradient of the relaxed sample
+    soft: torch.Tensor | None = None  # (B, T) the relaxed (Gumbel-sigmoid) sample
+    pool_weight: torch.Tensor | None = None  # (B, T) value 1, carrying the straight-through gradient into the pooling
+    real: torch.Tensor | None = None  # (B, T) bool: bytes that belong to a segment (valid or forced)
+
+
+@dataclass
 class PoolingCache:
     """The open segment of each row in generation: the sum and count of its bytes so far."""
 
@@ -90,8 +98,7 @@ class DynamicPooling(BoundaryStrategy):
         st = torch.where(inp.forced, torch.ones_like(soft), a.float() + (soft - soft.detach()) * inp.valid)
         q = st.cumsum(1) - st  # sum_{t<j} b_t
         weight = 1.0 + (q - q.detach())  # exactly 1, with the straight-through gradient
-        extras = {"st": st, "soft": soft, "pool_weight": weight, "real": inp.valid | inp.forced}
-        return Boundaries(a=a, probs=probs, extras=extras)
+        return PooledBoundaries(a=a, probs=probs, st=st, soft=soft, pool_weight=weight, real=inp.valid | inp.forced)
 
     def pool(self, hidden: torch.Tensor, bnd: Boundaries, tok_pos: torch.Tensor) -> torch.Tensor:
         """Mean of the bytes of each segment (tok_pos[k-1], tok_pos[k]]: (B, T, C) -> (B, M, C)."""
@@ -101,8 +108,8 @@ class DynamicPooling(BoundaryStrategy):
         seg = a.cumsum(1) - a  # (B, T): the token byte j belongs to = boundaries before j
         count = a.sum(1, keepdim=True)  # (B, 1)
         # bytes after the row's last boundary (and padding) close no token: the spare slot M, dropped
-        seg = torch.where((seg < count) & bnd.extras["real"], seg, torch.full_like(seg, M))
-        w = bnd.extras["pool_weight"].to(hidden.dtype)  # (B, T), value 1
+        seg = torch.where((seg < count) & bnd.real, seg, torch.full_like(seg, M))
+        w = bnd.pool_weight.to(hidden.dtype)  # (B, T), value 1
         sums = hidden.new_zeros(B, M + 1, C).scatter_add(1, seg[..., None].expand(B, T, C), hidden * w[..., None])
         sizes = hidden.new_zeros(B, M + 1).scatter_add(1, seg, w)  # (B, M + 1)
         # empty (padding) slots have size 0 and sum 0: clamp keeps them 0, not NaN
@@ -126,13 +133,13 @@ class DynamicPooling(BoundaryStrategy):
         return token.to(hidden.dtype)
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
-        real = bnd.extras["real"]
+        real = bnd.real
         n = real.sum(1).float()  # (B,)
-        k = (bnd.extras["st"] * real).sum(1)  # straight-through count of boundaries
+        k = (bnd.st * real).sum(1)  # straight-through count of boundaries
         prior = (-binomial_log_pmf(k, n, self.cfg.target_rate) / n.clamp(min=1)).mean()
         return {"prior": (self.cfg.dp_lambda_prior, prior)}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         decide = inp.valid & ~inp.forced
         return {"mean_prob": masked_mean(bnd.probs.detach(), decide),
-                "mean_soft": masked_mean(bnd.extras["soft"].detach(), decide)}
+                "mean_soft": masked_mean(bnd.soft.detach(), decide)}

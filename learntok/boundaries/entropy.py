@@ -98,6 +98,14 @@ class ByteEntropyModel(nn.Module):
 
 
 @dataclass
+class EntropyBoundaries(Boundaries):
+    score: torch.Tensor | None = None  # (B, T) what is compared with the threshold (entropy, or its rise)
+    entropy: torch.Tensor | None = None  # (B, T) next-byte entropy H_i
+    own_nll: torch.Tensor | None = None  # (B, T - 1) the own entropy model's next-byte loss (entropy_source=own)
+    own_mask: torch.Tensor | None = None  # (B, T - 1) where that loss counts
+
+
+@dataclass
 class EntropyCache:
     """What generation carries from byte to byte."""
 
@@ -130,16 +138,16 @@ class EntropyPatching(BoundaryStrategy):
         """Until calibrated, the boundaries are uniform over the row, whose length then matters."""
         return not bool(self.active)
 
-    def forward(self, inp: BoundaryInput) -> Boundaries:
-        extras = {}
+    def forward(self, inp: BoundaryInput) -> EntropyBoundaries:
+        own_nll = own_mask = None
         if self.own is not None:
             logits = self.own(inp.inputs)
             # its own next-byte loss: position t predicts inputs[t + 1] when that is a byte of the same document
             targets = inp.inputs[:, 1:].clamp(max=VOCAB_SIZE - 1)  # (B, T - 1)
             nll = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB_SIZE), targets.reshape(-1),
                                   reduction="none").view_as(targets)
-            extras["own_nll"] = nll
-            extras["own_mask"] = inp.valid[:, :-1] & inp.valid[:, 1:] & (inp.inputs[:, 1:] < BOS)
+            own_nll = nll
+            own_mask = inp.valid[:, :-1] & inp.valid[:, 1:] & (inp.inputs[:, 1:] < BOS)
             logits = logits.detach()
         elif inp.early_logits is not None:
             logits = inp.early_logits.detach()
@@ -154,8 +162,8 @@ class EntropyPatching(BoundaryStrategy):
         uniform = uniform_boundaries(T, self.cfg.target_rate, inp.inputs.device).expand(B, T)
         a = torch.where(self.active, score > self.threshold, uniform)  # uniform until calibrated
         a = (a & inp.valid) | inp.forced
-        extras.update(score=score.detach(), entropy=H.detach())
-        return Boundaries(a=a, probs=a.float(), extras=extras)
+        return EntropyBoundaries(a=a, probs=a.float(), score=score.detach(), entropy=H.detach(), own_nll=own_nll,
+                                 own_mask=own_mask)
 
     # --- generation: H_j from the early-exit logits at j (or the own model, stepped), the same rule --
 
@@ -206,16 +214,16 @@ class EntropyPatching(BoundaryStrategy):
 
     def update(self, bnd: Boundaries, inp: LossInputs) -> None:
         real = inp.valid | inp.forced
-        self.calibrate(bnd.extras["score"], inp.valid & ~inp.forced, (inp.forced & real).sum(), real.sum())
+        self.calibrate(bnd.score, inp.valid & ~inp.forced, (inp.forced & real).sum(), real.sum())
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         if self.own is None:
             return {}
-        return {"entropy_model": (self.cfg.entropy_model_lambda, masked_mean(bnd.extras["own_nll"], bnd.extras["own_mask"]))}
+        return {"entropy_model": (self.cfg.entropy_model_lambda, masked_mean(bnd.own_nll, bnd.own_mask))}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         return {"entropy_threshold": self.threshold.detach().clone(), "entropy_active": self.active.float(),
-                "mean_entropy": masked_mean(bnd.extras["entropy"], inp.valid)}
+                "mean_entropy": masked_mean(bnd.entropy, inp.valid)}
 
     def n_matrix_params(self) -> int:
         if self.own is None:

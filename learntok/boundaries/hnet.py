@@ -78,6 +78,11 @@ def ema_chunked(z: torch.Tensor, P: torch.Tensor, chunk: int = EMA_CHUNK) -> tor
 
 
 @dataclass
+class RoutedBoundaries(Boundaries):
+    confidence: torch.Tensor | None = None  # (B, T) c_t = p_t where a boundary, 1 - p_t where not
+
+
+@dataclass
 class HNetCache:
     """What generation carries from byte to byte, per row."""
 
@@ -101,7 +106,7 @@ class HNetChunking(BoundaryStrategy):
         p = F.pad(p, (1, 0), value=1.0).masked_fill(inp.forced, 1.0)  # p_0 = 1, document starts too
         a = ((p >= 0.5) & inp.valid) | inp.forced
         conf = torch.where(a, p, 1 - p)  # c_t
-        return Boundaries(a=a, probs=p, extras={"confidence": conf})
+        return RoutedBoundaries(a=a, probs=p, confidence=conf)
 
     def unpool(self, hidden: torch.Tensor, tokens: torch.Tensor, bnd: Boundaries, tok_index: torch.Tensor) -> torch.Tensor:
         # P_k: the boundary probability at token k's byte (padding slots, after every token, get 0)
@@ -109,7 +114,7 @@ class HNetChunking(BoundaryStrategy):
         slot = torch.where(bnd.a, tok_index, torch.full_like(tok_index, M))  # non-boundaries: a spare slot
         P = bnd.probs.new_zeros(bnd.probs.shape[0], M + 1).scatter(1, slot, bnd.probs)[:, :M]  # (B, M)
         smoothed = ema_chunked(tokens, P.clamp(P_MIN, 1 - P_MIN))  # (B, M, C)
-        conf = bnd.extras["confidence"]
+        conf = bnd.confidence
         ste = 1.0 + (conf - conf.detach())  # exactly 1, gradient of the confidence
         C = hidden.shape[-1]
         return hidden + smoothed.gather(1, tok_index[..., None].expand(-1, -1, C)) * ste[..., None].to(hidden.dtype)

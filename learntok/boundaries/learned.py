@@ -20,6 +20,7 @@ of `learntok.kernels.scan`; log pi(a_i) is then recomputed with gradient from th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +29,15 @@ from torch import nn
 from ..config import BoundaryConfig
 from ..kernels.scan import scan_boundaries, thresholds_from_uniforms
 from ..model.layers import softcap
-from ..objectives import binary_entropy_from_logits, masked_mean, policy_batch_stats, policy_losses
+from ..objectives import (binary_entropy_from_logits, masked_mean, policy_advantages, policy_batch_stats,
+                          policy_losses)
 from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
+
+
+@dataclass
+class PolicyBoundaries(Boundaries):
+    logits: torch.Tensor | None = None  # (B, T) l_i as sampled from (softcapped in training), with gradient
+    log_prob: torch.Tensor | None = None  # (B, T) log pi(a_i), with gradient
 
 
 def lagged(a: torch.Tensor, w: int) -> torch.Tensor:
@@ -66,7 +74,7 @@ class LearnedPolicy(BoundaryStrategy):
         l_scaled = base + (lagged(a.to(lag.dtype), self.lags) * lag).sum(-1) if self.lags else base
         logits = softcap(l_scaled, cap)
         log_prob = torch.where(a, F.logsigmoid(logits), F.logsigmoid(-logits))
-        return Boundaries(a=a, probs=torch.sigmoid(logits), extras={"logits": logits, "log_prob": log_prob})
+        return PolicyBoundaries(a=a, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob)
 
     @torch.no_grad()
     def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None) -> torch.Tensor:
@@ -95,7 +103,7 @@ class LearnedPolicy(BoundaryStrategy):
         l_scaled = base + (history.to(lag.dtype) * lag).sum(-1) if self.lags else base
         logits = softcap(l_scaled, cap)
         history.copy_(torch.cat([a[:, None], history[:, :-1]], dim=1) if self.lags else history)
-        return BoundaryStep(a=a, probs=torch.sigmoid(logits), extras={"logits": logits})
+        return BoundaryStep(a=a, probs=torch.sigmoid(logits))
 
     def _decide(self, inp: LossInputs) -> torch.Tensor:
         return inp.valid & ~inp.forced
@@ -106,20 +114,19 @@ class LearnedPolicy(BoundaryStrategy):
     def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         return policy_batch_stats(self._rewards(inp), bnd.probs, self._decide(inp), inp.valid, gamma=self.cfg.gamma)
 
-    def losses(self, bnd: Boundaries, inp: LossInputs,
+    def losses(self, bnd: PolicyBoundaries, inp: LossInputs,
                stats: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[float, torch.Tensor]]:
-        loss_policy, loss_target, advantages = policy_losses(
-            bnd.extras["log_prob"], bnd.extras["logits"], bnd.probs, self._rewards(inp), self._decide(inp),
-            inp.valid, gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate,
+        loss_policy, loss_target = policy_losses(
+            bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), self._decide(inp), inp.valid,
+            gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate,
             stats=stats, group=inp.group)
-        bnd.extras["advantages"] = advantages
         return {"policy": (self.cfg.lambda_policy, loss_policy), "target": (self.cfg.lambda_target, loss_target)}
 
-    def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
+    def metrics(self, bnd: PolicyBoundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         decide = self._decide(inp)
-        out = {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.extras["logits"].detach()), decide),
-               "mean_prob": masked_mean(bnd.probs.detach(), decide)}
-        if "advantages" in bnd.extras:
-            adv = bnd.extras["advantages"]
-            out["advantage_std"] = (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()
-        return out
+        # the advantages over the batch the metrics see (with several ranks: this rank's rows)
+        adv = policy_advantages(self._rewards(inp), decide, inp.valid, gamma=self.cfg.gamma,
+                                centering=self.cfg.batch_centering, group=inp.group)
+        return {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.logits.detach()), decide),
+                "mean_prob": masked_mean(bnd.probs.detach(), decide),
+                "advantage_std": (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()}

@@ -38,6 +38,7 @@ batch's (summed over ranks they give them; the strategy's own metrics are weight
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -186,8 +187,9 @@ def _strategy_metrics(strategy, kept: list[_Kept]) -> dict[str, torch.Tensor]:
 
 
 def _detached(bnd: Boundaries) -> Boundaries:
-    return Boundaries(bnd.a, None if bnd.probs is None else bnd.probs.detach(),
-                      {k: v.detach() if torch.is_tensor(v) else v for k, v in bnd.extras.items()})
+    """The same decisions (of the strategy's own `Boundaries` type) without their graphs."""
+    return dataclasses.replace(bnd, **{f.name: getattr(bnd, f.name).detach() for f in dataclasses.fields(bnd)
+                                       if torch.is_tensor(getattr(bnd, f.name))})
 
 
 def _cat(tensors: list) -> torch.Tensor | None:
@@ -199,16 +201,17 @@ def _cat(tensors: list) -> torch.Tensor | None:
 
 
 def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundaries, LossInputs] | None:
-    a = _cat([b.a for b in bnds])
-    probs = None if bnds[0].probs is None else _cat([b.probs for b in bnds])
-    extras = {}
-    for key in bnds[0].extras:
-        joined = _cat([b.extras.get(key) for b in bnds])
-        if joined is None:
+    """The micro-batches' decisions and loss inputs as one batch (rows concatenated, detached), or None
+    where a field cannot be joined by rows."""
+    joined = {}
+    for f in dataclasses.fields(bnds[0]):
+        parts = [getattr(b, f.name) for b in bnds]
+        if all(p is None for p in parts):
+            joined[f.name] = None
+            continue
+        joined[f.name] = _cat(parts)
+        if joined[f.name] is None:
             return None
-        extras[key] = joined
-    if a is None or (bnds[0].probs is not None and probs is None):
-        return None
     li = LossInputs(*(torch.cat([getattr(i, f) for i in inputs], dim=0)
                       for f in ("logp", "logp_early", "valid", "forced")), group=inputs[0].group)
-    return Boundaries(a, probs, extras), li
+    return type(bnds[0])(**joined), li
