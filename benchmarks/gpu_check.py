@@ -372,7 +372,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     from learntok.analysis import analyse
     from learntok.config import load_config
     from learntok.data.loader import make_data
-    from learntok.train.trainer import Trainer, evaluate
+    from learntok.eval.sequences import evaluate
+    from learntok.train.trainer import Trainer
 
     flops = args.flops
     uniform_part = out_dir / "part_learn_uniform.json"

@@ -11,7 +11,8 @@ from conftest import memory_data, random_inputs, tiny_config
 
 from learntok.data.batch import PAD, Batch
 from learntok.model.unet import ByteUNet
-from learntok.train.accumulate import accumulate_gradients, split_rows
+from learntok.data.batch import split_rows
+from learntok.train.accumulate import accumulate_gradients
 from learntok.train.trainer import Trainer
 
 RTOL = 1e-5  # float32: only the order of additions differs

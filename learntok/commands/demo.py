@@ -18,14 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..analysis import Alignment, whitespace_alignment
-    from ..data.batch import PAD
+    from ..analysis import analyse
     from ..data.demo import build_demo_corpus, showcase_paragraph
     from ..config import load_config
     from ..display import legend, render, segment, use_colour
-    from ..train.trainer import Trainer, evaluate
+    from ..eval.sequences import evaluate
+    from ..train.trainer import Trainer
 
     t0 = time.perf_counter()
     cfg = load_config("cpu_default", args.overrides)
@@ -48,23 +46,12 @@ def run(args: argparse.Namespace) -> int:
     model = trainer.model
     val = trainer.data.val
     result = evaluate(model, val, samples=3, device=trainer.device)
-    # whitespace agreement and early-exit bpb on the same held-out batches, one seeded sample
-    model.eval()
-    align = Alignment(0, 0, 0, 0)
-    early = n = 0.0
-    gen = torch.Generator(device=trainer.device).manual_seed(0)
-    with torch.no_grad():
-        for batch in val:
-            batch = batch.to(trainer.device)
-            _, metrics, out = model.loss(batch, gen)
-            early += float(metrics["early_bpb"]) * float(metrics["bytes"])
-            n += float(metrics["bytes"])
-            counted = (batch.inputs != PAD) & ~out.forced
-            align = align + whitespace_alignment(batch.inputs, out.boundaries.a, counted)
+    align = analyse(model, val, samples=1, seed=0).whitespace  # on the same held-out batches, one seeded draw
 
-    print(f"\nheld-out bits-per-byte    {result['bpb']:.3f}  (boundaries sampled, mean of {result['samples']} seeds, "
-          f"spread {result['bpb_std_over_samples']:.3f})")
-    print(f"  byte-level only (early exit) {early / n:.3f}  <- what the encoder alone predicts, without the token level")
+    n_seqs = sum(len(b.inputs) for b in val)
+    print(f"\nheld-out bits-per-byte    {result['bpb']:.3f}  ({n_seqs} held-out sequences of {t.seq_len} bytes, "
+          f"boundaries sampled, mean of {result['samples']} seeds, spread {result['bpb_std_over_samples']:.3f})")
+    print(f"  byte-level only (early exit) {result['early_bpb']:.3f}  <- what the encoder alone predicts, without the token level")
     print(f"realised boundary rate    {result['boundary_rate']:.3f}  (target {cfg.boundaries.target_rate})")
     print(f"boundaries on whitespace  precision {align.precision:.3f}, recall {align.recall:.3f}  "
           f"(whitespace is {align.whitespace_share:.3f} of the bytes: the precision of blind placement)")

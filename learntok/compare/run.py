@@ -16,7 +16,8 @@ import torch
 from ..config import RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
-from ..train.trainer import Trainer, build_model, evaluate, read_metrics
+from ..eval.sequences import evaluate
+from ..train.trainer import Trainer, build_model, read_metrics
 
 DEFAULT_STRATEGIES = ("learned", "uniform", "random", "whitespace", "entropy", "bpe", "dynamic_pooling", "hnet")
 

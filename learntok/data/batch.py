@@ -42,3 +42,26 @@ class Batch:
         targets = seqs[:, 1:].clone()
         targets[inputs == PAD] = PAD
         return Batch(inputs, targets)
+
+
+def split_rows(batch: Batch, pieces: int) -> list[tuple[slice, Batch]]:
+    """(rows, sub-batch) for `pieces` contiguous blocks of rows, as equal as they can be."""
+    n = batch.inputs.shape[0]
+    if not 1 <= pieces <= n:
+        raise ValueError(f"cannot split a batch of {n} rows into {pieces} micro-batches")
+    out = []
+    for i in range(pieces):
+        rows = slice(i * n // pieces, (i + 1) * n // pieces)
+        parts = (None if t is None else t[rows] for t in (batch.inputs, batch.targets, batch.doc_start, batch.boundaries))
+        out.append((rows, Batch(*parts)))
+    return out
+
+
+def concat_batches(batches: list[Batch], rows: int) -> list[Batch]:
+    """The rows of `batches`, in order, re-cut into batches of `rows` (the last may be smaller)."""
+    fields = []
+    for name in ("inputs", "targets", "doc_start", "boundaries"):
+        parts = [getattr(b, name) for b in batches]
+        fields.append(None if any(p is None for p in parts) else torch.cat(parts))
+    n = len(fields[0])
+    return [Batch(*(None if f is None else f[lo: lo + rows] for f in fields)) for lo in range(0, n, rows)]

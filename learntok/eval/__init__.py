@@ -3,6 +3,7 @@
     benchmarks.py      readers (PIQA, HellaSwag, ARC-Easy, LAMBADA) and scoring maths against a `ByteScorer`
     scorer.py          `UNetScorer`: the `ByteScorer` of a trained model (boundary modes, seeds, long inputs)
     heldout.py         held-out documents: sources and pooled bits-per-byte
+    sequences.py       held-out sequences cut as training cuts them: a run's val_bpb, compare and the demo
     report.py          the paper's Table 1 as Markdown and JSON
     lm_eval_adapter.py the `learntok` model for lm-evaluation-harness (optional extra `eval`)
 

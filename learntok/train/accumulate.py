@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from ..boundaries import Boundaries, LossInputs
-from ..data.batch import PAD, Batch
+from ..data.batch import PAD, Batch, split_rows
 from ..model.unet import ByteUNet, log_likelihoods
 from ..objectives import LN2
 
@@ -59,19 +59,6 @@ class _Kept:
     bnd: Boundaries  # the strategy's decisions, with the graph of its losses
     loss_inputs: LossInputs
     rows: int
-
-
-def split_rows(batch: Batch, pieces: int) -> list[tuple[slice, Batch]]:
-    """(rows, sub-batch) for `pieces` contiguous blocks of rows, as equal as they can be."""
-    n = batch.inputs.shape[0]
-    if not 1 <= pieces <= n:
-        raise ValueError(f"cannot split a batch of {n} rows into {pieces} micro-batches")
-    out = []
-    for i in range(pieces):
-        rows = slice(i * n // pieces, (i + 1) * n // pieces)
-        parts = (None if t is None else t[rows] for t in (batch.inputs, batch.targets, batch.doc_start, batch.boundaries))
-        out.append((rows, Batch(*parts)))
-    return out
 
 
 def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, uniforms: torch.Tensor | None = None,

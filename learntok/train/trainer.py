@@ -45,11 +45,11 @@ from safetensors import SafetensorError
 from ..config import RunConfig, to_dict
 from ..data.batch import PAD, Batch
 from ..data.loader import DataSources, make_data, rank_config
+from ..eval.sequences import evaluate
 from ..model.unet import ByteUNet
 from . import checkpoint as ckpt_io
-from .accumulate import accumulate_gradients, split_rows
+from .accumulate import accumulate_gradients
 from .distributed import (
-    DistInfo,
     clip_with_norm_,
     full_model_state,
     full_optimizer_state,
@@ -102,71 +102,6 @@ def set_threads(n: int) -> None:
 def build_model(cfg: RunConfig) -> ByteUNet:
     torch.manual_seed(cfg.train.seed)
     return ByteUNet(cfg.model, cfg.boundaries)
-
-
-@torch.no_grad()
-def evaluate(model: ByteUNet, batches: list[Batch], seed: int = 1234, samples: int = 1,
-             device: torch.device | None = None, max_rows: int | None = None, dist: DistInfo | None = None,
-             global_rows: int | None = None) -> dict:
-    """Held-out bits-per-byte with sampled boundaries (eval mode: no policy softcap), averaged over
-    `samples` seeded draws; also the realised boundary rate. Byte-weighted over all batches, which run
-    at most `max_rows` sequences at a time (the training micro-batch: the same memory).
-
-    With several ranks (`dist`), `batches` are this rank's copy of all held-out sequences in batches of
-    any size; they are cut as one process cuts them (global batches of `global_rows`, then pieces of at
-    most `max_rows`), the pieces are dealt round-robin to the ranks, every rank draws the uniforms of every
-    piece (so each piece samples what it samples in one process), and the sums are all-reduced."""
-    was_training = model.training
-    model.eval()
-    device = device or next(model.parameters()).device
-    spread_over = dist if dist is not None and dist.enabled else None
-    if spread_over is not None:
-        batches = concat_batches(batches, global_rows or len(batches[0].inputs))
-    pieces = []
-    for whole in batches:
-        n_pieces = -(-len(whole.inputs) // max_rows) if max_rows else 1  # ceil
-        pieces += [piece for _, piece in split_rows(whole, n_pieces)]
-    stochastic = getattr(model.boundaries, "stochastic", False)
-    sums = torch.zeros(samples * 2 + 2, dtype=torch.float64, device=device)  # (nll, n) per sample, rate num/den
-    for s in range(samples):
-        gen = torch.Generator(device=device).manual_seed(seed + s)
-        for i, batch in enumerate(pieces):
-            uniforms = None
-            if spread_over is not None:
-                uniforms = torch.rand(batch.inputs.shape, generator=gen, device=device) if stochastic else None
-                if i % spread_over.world_size != spread_over.rank:
-                    continue
-            batch = batch.to(device)
-            _, metrics, out = model.loss(batch, gen, uniforms=uniforms)
-            real = batch.inputs != PAD
-            sums[2 * s] += metrics["bpb"].double() * metrics["bytes"]
-            sums[2 * s + 1] += metrics["bytes"]
-            sums[-2] += out.boundaries.a[real].sum()
-            sums[-1] += real.sum()
-        if spread_over is not None and spread_over.parallel == "fsdp":
-            # sharded weights are gathered collectively: every rank runs as many forward passes
-            mine = len(range(spread_over.rank, len(pieces), spread_over.world_size))
-            for _ in range(-(-len(pieces) // spread_over.world_size) - mine):
-                model.loss(pieces[0].to(device), gen, uniforms=torch.zeros(pieces[0].inputs.shape, device=device))
-    if spread_over is not None:
-        spread_over.all_reduce(sums)
-    values = sums.tolist()
-    model.train(was_training)
-    per_sample = [values[2 * s] / max(values[2 * s + 1], 1) for s in range(samples)]
-    mean = sum(per_sample) / len(per_sample)
-    spread = (sum((x - mean) ** 2 for x in per_sample) / (len(per_sample) - 1)) ** 0.5 if samples > 1 else 0.0
-    return {"bpb": mean, "bpb_std_over_samples": spread, "boundary_rate": values[-2] / max(values[-1], 1),
-            "samples": samples}
-
-
-def concat_batches(batches: list[Batch], rows: int) -> list[Batch]:
-    """The rows of `batches`, in order, re-cut into batches of `rows` (the last may be smaller)."""
-    fields = []
-    for name in ("inputs", "targets", "doc_start", "boundaries"):
-        parts = [getattr(b, name) for b in batches]
-        fields.append(None if any(p is None for p in parts) else torch.cat(parts))
-    n = len(fields[0])
-    return [Batch(*(None if f is None else f[lo: lo + rows] for f in fields)) for lo in range(0, n, rows)]
 
 
 def add_applied(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], applied: torch.Tensor) -> None:

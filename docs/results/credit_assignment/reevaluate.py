@@ -17,7 +17,7 @@ import torch
 from learntok.analysis import analyse
 from learntok.data.loader import make_data
 from learntok.train.checkpoint import load_model
-from learntok.train.trainer import evaluate
+from learntok.eval.sequences import evaluate
 
 SEQUENCES = 64
 

@@ -17,7 +17,7 @@ import torch
 from learntok.analysis import analyse
 from learntok.data.loader import make_data
 from learntok.train import checkpoint as ckpt_io
-from learntok.train.trainer import evaluate
+from learntok.eval.sequences import evaluate
 
 
 def trend(run_dir: Path) -> list[dict]:
