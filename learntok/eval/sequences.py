@@ -22,10 +22,11 @@ def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, de
     byte level alone). Byte-weighted over all batches, which run at most `max_rows` sequences at a time
     (the training micro-batch: the same memory). `model`: a `ByteUNet`.
 
-    With several ranks (`dist`, a `learntok.train.distributed.DistInfo`), `batches` are this rank's copy of all held-out sequences in batches of
-    any size; they are cut as one process cuts them (global batches of `global_rows`, then pieces of at
-    most `max_rows`), the pieces are dealt round-robin to the ranks, every rank draws the uniforms of every
-    piece (so each piece samples what it samples in one process), and the sums are all-reduced."""
+    With several ranks (`dist`, a `learntok.train.distributed.DistInfo`), `batches` are this rank's copy of
+    all held-out sequences in batches of any size; they are cut as one process cuts them (global batches
+    of `global_rows`, then pieces of at most `max_rows`), the pieces are dealt round-robin to the ranks,
+    every rank draws the uniforms of every piece (so each piece samples what it samples in one process),
+    and the sums are all-reduced."""
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
