@@ -198,16 +198,9 @@ def test_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
 
 def poison(trainer: Trainer, bad_steps: set[int], where: str) -> None:
     """Make the loss (where='loss') or one gradient (where='grad') NaN at the given 1-based steps."""
-    if where == "loss":
-        real_loss = trainer.model.loss
-
-        def loss(*args, **kwargs):
-            value, metrics, out = real_loss(*args, **kwargs)
-            if trainer.step + 1 in bad_steps:
-                value = value * float("nan")
-                metrics["loss"] = value.detach()
-            return value, metrics, out
-        trainer.model.loss = loss
+    if where == "loss":  # the next-byte logits, so the loss itself is NaN
+        trainer.model.head.register_forward_hook(
+            lambda module, args, out: out * float("nan") if trainer.step + 1 in bad_steps else out)
     else:
         trainer.model.head.proj.weight.register_hook(
             lambda g: g * float("nan") if trainer.step + 1 in bad_steps else g)

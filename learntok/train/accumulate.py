@@ -70,6 +70,8 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     `totals` ({"rows", "valid", "real"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
     rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
+    # one piece keeps its encoder graph: recomputing it would save no memory (nothing else is alive)
+    recompute_encoder = recompute_encoder and micro_batches > 1
     lambda_early = strategy.cfg.lambda_early
     K = model.draws  # uniforms has B * K rows
     n_rows = totals["rows"] if totals else batch.inputs.shape[0]

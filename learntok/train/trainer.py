@@ -394,15 +394,11 @@ class Trainer:
         uniforms = self._uniforms(batch)
         self.optimizer.zero_grad(set_to_none=True)
         max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
-        with self._autocast():
-            if not self.dist.enabled and t.micro_batches == 1:
-                loss, metrics, _ = self.model.loss(batch, self.sample_rng, uniforms=uniforms)
-                loss.backward()
-            else:
-                totals = self._global_totals(batch) if self.dist.enabled else None
-                metrics = accumulate_gradients(self.model, batch, t.micro_batches, uniforms=uniforms,
-                                               generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
-                                               totals=totals, reduce=self.dist.sum_dict if totals else None)
+        with self._autocast():  # one micro-batch is the plain case: the same two phases, one piece
+            totals = self._global_totals(batch) if self.dist.enabled else None
+            metrics = accumulate_gradients(self.model, batch, t.micro_batches, uniforms=uniforms,
+                                           generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
+                                           totals=totals, reduce=self.dist.sum_dict if totals else None)
         # the token count is known on the host (the model sized its token level with it)
         tokens = int(metrics["tokens"])
         if not self.dist.enabled:
