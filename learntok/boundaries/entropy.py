@@ -79,7 +79,7 @@ class ByteEntropyModel(nn.Module):
         super().__init__()
         n_heads = max(1, d // 32)
         self.embed = nn.Embedding(VOCAB_SIZE, d)
-        self.blocks = Stack(n_layers, d, n_heads, d, OWN_MODEL_WINDOW, 50.0, 10000.0)
+        self.blocks = Stack(n_layers, d, n_heads, d, OWN_MODEL_WINDOW, 50.0, 10000.0)  # blocked attention: a small model
         self.norm = RMSNorm(d)
         self.head = nn.Linear(d, VOCAB_SIZE, bias=False)
 

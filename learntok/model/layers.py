@@ -195,13 +195,13 @@ class StackCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, window: int | None, cap: float | None):
+    def __init__(self, d_model: int, n_heads: int, window: int | None, cap: float | None, kernel: str = "blocked"):
         super().__init__()
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.window = window  # None: full causal attention
         self.cap = cap
-        self.kernel = "blocked"  # or "flex" (see the module docstring); set for the model by ByteUNet
+        self.kernel = kernel  # blocked | flex (see the module docstring)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
 
@@ -266,10 +266,11 @@ class GeGLU(nn.Module):
 class Block(nn.Module):
     """Gemma 2 block: x + norm(attn(norm(x))), then x + norm(mlp(norm(x)))."""
 
-    def __init__(self, d_model: int, n_heads: int, mlp_hidden: int, window: int | None, attn_cap: float | None):
+    def __init__(self, d_model: int, n_heads: int, mlp_hidden: int, window: int | None, attn_cap: float | None,
+                 kernel: str = "blocked"):
         super().__init__()
         self.pre_attn_norm = RMSNorm(d_model)
-        self.attn = Attention(d_model, n_heads, window, attn_cap)
+        self.attn = Attention(d_model, n_heads, window, attn_cap, kernel)
         self.post_attn_norm = RMSNorm(d_model)
         self.pre_mlp_norm = RMSNorm(d_model)
         self.mlp = GeGLU(d_model, mlp_hidden)
@@ -293,11 +294,12 @@ class Stack(nn.Module):
     """Blocks that share one attention pattern and one set of RoPE positions."""
 
     def __init__(self, n_layers: int, d_model: int, n_heads: int, mlp_hidden: int, window: int | None,
-                 attn_cap: float | None, rope_theta: float):
+                 attn_cap: float | None, rope_theta: float, kernel: str = "blocked"):
         super().__init__()
         self.head_dim = d_model // n_heads
         self.rope_theta = rope_theta
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, window, attn_cap) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, window, attn_cap, kernel)
+                                    for _ in range(n_layers))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, C), positions (B, T) int64. `real` (N,): the flat indices of the real positions when

@@ -30,7 +30,7 @@ from ..config import BoundaryConfig, ModelConfig
 from ..data.batch import PAD, VOCAB_SIZE, Batch
 from ..objectives import LN2, masked_mean
 from . import resample
-from .layers import Attention, RMSNorm, Stack, StackCache, softcap
+from .layers import RMSNorm, Stack, StackCache, softcap
 
 
 @dataclass
@@ -90,7 +90,7 @@ class ByteUNet(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         stack = lambda n, mult, window: Stack(n, d, cfg.n_heads, int(mult * d), window, cfg.attn_softcap,  # noqa: E731
-                                              cfg.rope_theta)
+                                              cfg.rope_theta, cfg.attention)
         self.embed = nn.Embedding(VOCAB_SIZE, d)
         self.encoder = stack(cfg.n_down_layers, cfg.byte_mlp_mult, cfg.window)
         self.boundaries = build_strategy(boundary_cfg, d)
@@ -98,9 +98,6 @@ class ByteUNet(nn.Module):
         self.decoder = stack(cfg.n_up_layers, cfg.byte_mlp_mult, cfg.window)
         self.head = Head(d, cfg.final_softcap)
         self.early_head = Head(d, cfg.final_softcap)
-        for module in self.modules():  # the boundary strategy's own blocks included (entropy model)
-            if isinstance(module, Attention):
-                module.kernel = cfg.attention
         self.reset_parameters()
 
     @torch.no_grad()
