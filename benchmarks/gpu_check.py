@@ -205,12 +205,18 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
 
 # --- stage: figures ------------------------------------------------------------------------------
 
-def stage_figures(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
-    out = {}
+def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) -> dict:
+    """Each figure is saved into the report as soon as it is measured (a command stopped at its time limit
+    keeps what it measured); a figure that would start after `--stage-seconds` is skipped and says so."""
+    out, start = {}, time.perf_counter()
     for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("generation", figure_generation),
                      ("fsdp", figure_fsdp)):
+        if time.perf_counter() - start > args.stage_seconds:
+            out[name] = {"skipped": f"not started: the stage's {args.stage_seconds:.0f} s were spent"}
+            continue
         say(f"\n== figure: {name}")
         out[name] = guarded(fn, args, sizes, device, work)
+        save(out)
     return out
 
 
@@ -368,7 +374,7 @@ def prepared_data(args, work: Path) -> Path:
     return out
 
 
-def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str) -> dict:
+def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str, save) -> dict:
     from learntok.analysis import analyse
     from learntok.config import load_config
     from learntok.data.loader import make_data
@@ -408,6 +414,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             probe_due = time.perf_counter() - self.last_probe >= sizes.probe_every and self.step > sizes.settle_steps[1]
             if probe_due or self.step >= self.total_steps:
                 self.probes.append(self.probe())
+                save({"strategy": strategy, "probes": self.probes})  # kept if the command is stopped
                 self.last_probe = time.perf_counter()
             return metrics
 
@@ -469,7 +476,8 @@ def render(parts: dict) -> str:
     for stage, part in parts.items():
         meta = part.get("meta", {})
         lines.append(f"- `{stage}`: {meta.get('date', '?')}, {meta.get('device', '?')}, commit {meta.get('commit', '?')}"
-                     f"{' (DRY RUN: tiny sizes on a CPU, figures meaningless)' if meta.get('dry_run') else ''}: "
+                     f"{' (DRY RUN: tiny sizes on a CPU, figures meaningless)' if meta.get('dry_run') else ''}"
+                     f"{' (PARTIAL: the command ended before the stage did)' if meta.get('partial') else ''}: "
                      f"`{meta.get('command', '?')}`")
     lines.append("")
     env = parts.get("env", {}).get("result")
@@ -531,6 +539,8 @@ def render_figures(fig: dict) -> list[str]:
         out += [f"**FSDP2**, `{fsdp['command']}`: exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
                 f"checkpoints {', '.join(fsdp.get('checkpoints', [])) or 'none'}", ""]
     for name, item in fig.items():
+        if "skipped" in item:
+            out += [f"**{name}**: {item['skipped']}", ""]
         if "error" in item:
             out += [f"**{name} failed:**", "", "```", item["error"][-1500:], "```", ""]
     return out
@@ -588,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learn-seconds", type=float,
                    help="learn stage: seconds of uniform training (after compilation) that set the budget (default 240)")
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: from the GPU's name)")
+    p.add_argument("--stage-seconds", type=float, default=480.0,
+                   help="figures stage: start no figure after this many seconds (default 480: a 10-minute command)")
     p.add_argument("--dry-run", action="store_true", help="every stage on a CPU with tiny sizes")
     args = p.parse_args(argv)
     sizes = Sizes.dry() if args.dry_run else Sizes.real()
@@ -605,24 +617,32 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": device_name(device), "commit": commit(), "dry_run": args.dry_run,
             "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    stages = [("env", lambda w: stage_env(args, sizes, device))]
+    stages = [("env", lambda w, save: stage_env(args, sizes, device))]
     if args.stage in ("all", "tests"):
-        stages.append(("tests", lambda w: stage_tests(args, sizes, device, w)))
+        stages.append(("tests", lambda w, save: stage_tests(args, sizes, device, w)))
     if args.stage in ("all", "figures"):
-        stages.append(("figures", lambda w: stage_figures(args, sizes, device, w)))
+        stages.append(("figures", lambda w, save: stage_figures(args, sizes, device, w, save)))
     if args.stage in ("all", "learn"):
         for strategy in (["uniform", "learned"] if args.strategy == "both" else [args.strategy]):
-            stages.append((f"learn_{strategy}", lambda w, s=strategy: stage_learn(args, sizes, device, w, out_dir, s)))
+            stages.append((f"learn_{strategy}",
+                           lambda w, save, s=strategy: stage_learn(args, sizes, device, w, out_dir, s, save)))
     failed = False
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for name, fn in stages:
             say(f"\n=== stage {name}")
             start = time.perf_counter()
-            result = guarded(fn, Path(tmp))
-            part = {"meta": {**meta, "seconds": round(time.perf_counter() - start, 1)}, "result": result}
-            (out_dir / f"part_{name}.json").write_text(json.dumps(part, indent=1, default=str))
+
+            def save(result, done=False, name=name, start=start):
+                """This stage's part of the report, rewritten as it grows (`partial` until it is done)."""
+                part = {"meta": {**meta, "seconds": round(time.perf_counter() - start, 1), "partial": not done},
+                        "result": result}
+                (out_dir / f"part_{name}.json").write_text(json.dumps(part, indent=1, default=str))
+                return write_report(out_dir)
+
+            result = guarded(fn, Path(tmp), save)
+            report = save(result, done=True)
             failed |= has_error(result)
-            say(f"=== stage {name}: {part['meta']['seconds']} s; report: {write_report(out_dir)}")
+            say(f"=== stage {name}: {round(time.perf_counter() - start, 1)} s; report: {report}")
     return 1 if failed else 0
 
 

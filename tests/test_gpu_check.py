@@ -22,7 +22,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = json.loads((tmp_path / "report.json").read_text())
     assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "tests"]
-    assert all(p["meta"]["dry_run"] for p in parts.values())
+    assert all(p["meta"]["dry_run"] and not p["meta"]["partial"] for p in parts.values())
     env, tests, figures = (parts[k]["result"] for k in ("env", "tests", "figures"))
     assert env["torch_bound_admits_installed"] is True
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
@@ -47,3 +47,12 @@ def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_p
     assert proc.returncode == 1
     assert "run --stage learn --strategy uniform first" in proc.stdout
     assert "`learn_learned`: see the traceback" in (tmp_path / "report.md").read_text()
+
+
+def test_figures_past_the_stage_time_are_skipped_and_said_so(tmp_path):
+    proc = gpu_check("--stage", "figures", "--stage-seconds", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    figures = json.loads((tmp_path / "report.json").read_text())["figures"]
+    assert figures["meta"]["partial"] is False
+    assert all("not started" in item["skipped"] for item in figures["result"].values())
+    assert "**fsdp**: not started" in (tmp_path / "report.md").read_text()
