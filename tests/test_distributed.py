@@ -18,7 +18,8 @@ from conftest import tiny_config
 from learntok.data.demo import StreamBatches, stream_eval_batches
 from learntok.train import checkpoint as ckpt_io
 from learntok.data.loader import DataSources
-from learntok.train.trainer import Trainer, read_metrics
+from learntok.train.metrics import read_metrics
+from learntok.train.trainer import Trainer
 
 BATCH, SEQ = 8, 64
 # metrics that must agree with the single-process run; flops and padding_fraction do not: each rank pads

@@ -23,12 +23,8 @@ from conftest import memory_data, tiny_config
 from learntok.cli import main as cli_main
 from learntok.config import load_config
 from learntok.train import checkpoint as ckpt_io
-from learntok.train.trainer import (
-    TIMING_FIELDS,
-    NonFiniteError,
-    Trainer,
-    read_metrics,
-)
+from learntok.train.metrics import TIMING_FIELDS, read_metrics
+from learntok.train.trainer import NonFiniteError, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -259,7 +255,7 @@ def test_every_strategy_trains_without_reading_the_device(tmp_path, monkeypatch,
 def test_metrics_are_summed_over_applied_steps_without_copies_to_the_device(monkeypatch):
     """Copying a host tensor to a GPU waits for the GPU's queue, so host numbers (token counts, the
     learning rate) must enter the device sums as scalars. The meta device stands in for a GPU here."""
-    from learntok.train.trainer import add_applied
+    from learntok.train.metrics import add_applied
     sums = {}
     for ok in (True, False, True):
         add_applied(sums, {"tokens": torch.tensor(7), "loss": torch.tensor(0.5)}, torch.tensor(ok))

@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     t = cfg.train
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    tb = ("; TensorBoard: tensorboard/" if trainer.tb_writer is not None else
+    tb = ("; TensorBoard: tensorboard/" if trainer.metrics.writer is not None else
           "; TensorBoard not installed (pip install 'learntok[tensorboard]')" if t.tensorboard else "")
     say(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters; {trainer.total_steps} steps of "
           f"{t.batch_size} x {t.seq_len} bytes" + (f" in {t.micro_batches} micro-batches" if t.micro_batches > 1 else "")

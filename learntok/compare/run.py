@@ -17,7 +17,8 @@ from ..config import RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
 from ..eval.sequences import evaluate
-from ..train.trainer import Trainer, build_model, read_metrics
+from ..train.metrics import read_metrics
+from ..train.trainer import Trainer, build_model
 
 DEFAULT_STRATEGIES = ("learned", "uniform", "random", "whitespace", "entropy", "bpe", "dynamic_pooling", "hnet")
 

@@ -30,9 +30,7 @@ averaged over the applied steps since the previous line, plus
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import signal
 import time
 import warnings
@@ -49,6 +47,7 @@ from ..eval.sequences import evaluate
 from ..model.unet import ByteUNet
 from . import checkpoint as ckpt_io
 from .accumulate import accumulate_gradients
+from .metrics import RANK_INVARIANT, MetricsLog, add_applied, write_atomic
 from .distributed import (
     clip_with_norm_,
     full_model_state,
@@ -59,10 +58,6 @@ from .distributed import (
     parallelize,
     sync_gradients,
 )
-
-TIMING_FIELDS = ("bytes_per_s",)  # metric fields that depend on the machine's speed, not on the run
-RANK_INVARIANT = ("lr", "grad_norm")  # metrics that are the same on every rank (not summed over ranks)
-
 
 class NonFiniteError(FloatingPointError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
@@ -102,33 +97,6 @@ def set_threads(n: int) -> None:
 def build_model(cfg: RunConfig) -> ByteUNet:
     torch.manual_seed(cfg.train.seed)
     return ByteUNet(cfg.model, cfg.boundaries)
-
-
-def add_applied(sums: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor], applied: torch.Tensor) -> None:
-    """sums[k] += metrics[k] where the step was applied, on the device of `applied`, without waiting for
-    it: metrics the host knows (token counts, the learning rate) enter as numbers, because copying a
-    host tensor to a GPU waits for the GPU's queue to drain."""
-    for k, v in metrics.items():
-        v = v.detach().float()
-        v = torch.where(applied, v.item() if v.device != applied.device else v, 0.0)
-        sums[k] = sums[k] + v if k in sums else v
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a metrics.jsonl; a last line cut short by a kill is ignored."""
-    rows = []
-    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class Trainer:
@@ -171,7 +139,8 @@ class Trainer:
         self._bad = torch.zeros(3, dtype=torch.long, device=self.device)
         self.bytes_per_step = t.batch_size * t.seq_len
         self.total_steps = max(1, math.ceil(t.training_bytes / self.bytes_per_step))
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics = MetricsLog(self.run_dir, tensorboard=t.tensorboard)
+        self.metrics_path = self.metrics.path
         self._window: dict = {"sums": {}, "n": 0}  # metric sums since the last log line (checkpointed)
         self._saved_step: int | None = None
         self._stop_signal: int | None = None
@@ -188,15 +157,13 @@ class Trainer:
             if not resume and ckpt_io.list_checkpoints(self.run_dir):
                 raise ckpt_io.CheckpointError(f"{self.run_dir} already holds a run with checkpoints; continue it "
                                               f"with --resume {self.run_dir}, or choose another --run-dir")
-            if main:
-                self.metrics_path.write_text("")
         if main:
-            _write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            self.metrics.start(self.step if self.resumed_from is not None else None)
+            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         self.dist.barrier()
         if t.compile:
             for stack in (self.model.encoder, self.model.mid, self.model.decoder):
                 stack.compile()  # in place: parameter names, and so checkpoints, are unchanged
-        self.tb_writer = self._open_tensorboard() if t.tensorboard and main else None
 
     def _autocast(self):
         """bf16 autocast for `train.precision=bf16`: weights and optimizer stay fp32 (master weights);
@@ -318,20 +285,8 @@ class Trainer:
         ckpt_io.rng_from_json(torch.default_generator, state["torch_rng"])
         self._saved_step = self.step
         self.resumed_from = ckpt
-        # drop the metric lines written after this checkpoint (and a line cut short): they come again
-        if self.dist.is_main:
-            kept = [r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= self.step]
-            _write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
 
     # --- metrics ---------------------------------------------------------------------------------
-
-    def _open_tensorboard(self):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            return None
-        # purge_step drops events a killed run wrote after its last checkpoint
-        return SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.step + 1 if self.step else None)
 
     def _log(self, seconds: float, extra: dict | None = None) -> dict:
         """Write a metrics line (rank 0; with several ranks every rank must call it: the sums are reduced)."""
@@ -346,15 +301,8 @@ class Trainer:
         row["skipped_steps"] = self.bad_total
         row.update(extra or {})
         self._window = {"sums": {}, "n": 0}
-        if not self.dist.is_main:
-            return row
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self.tb_writer is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb_writer.add_scalar(k, v, self.step)
-            self.tb_writer.flush()
+        if self.dist.is_main:
+            self.metrics.write(row)
         return row
 
     # --- the loop --------------------------------------------------------------------------------
@@ -512,8 +460,7 @@ class Trainer:
                 bar.close()
             for s, h in old_handlers.items():
                 signal.signal(s, h)
-            if self.tb_writer is not None:
-                self.tb_writer.flush()
+            self.metrics.flush()
         if self._stop_signal is not None:
             self.stopped_by = self._stop_signal
             if self.dist.is_main:
