@@ -8,7 +8,8 @@ is one new module and a line in the registry (`boundaries/__init__.py`):
                `update` (running state) and `metrics`
   generation   `allocate_inference_cache`, `step`, `pool_step`, `unpool_step`
   files        `save_files`, `load_files`, `keep_segmenter`; accounting `n_matrix_params`
-  capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `can_segment`, `describe`
+  capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `user_supplied`, `can_segment`,
+               `describe`
 
 Conventions: `a[b, i] = True` means a token ends at byte i, so the token built at i is visible to the
 prediction made at position i (of byte i + 1) and later. `a[:, 0]` is always True (BOS is its own
@@ -105,6 +106,9 @@ class BoundaryStrategy(nn.Module):
     # a row's decisions depend on its padded length (evenly spaced over the row): scoring pads every row
     # to the same length so that a text gets the same boundaries in any batch
     length_dependent: bool = False
+    # its boundaries are a user's own segmentation, which no corpus has unless the user prepared it so
+    # (left out of `learntok compare`'s default list)
+    user_supplied: bool = False
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__()

@@ -24,5 +24,6 @@ from .supplied import SuppliedBoundaries
 class FileBoundaries(SuppliedBoundaries):
     name = "file"
     supplied_track = "file"
+    user_supplied = True
     how_to_supply = ("Prepare the data with a segmentation: `learntok prepare INPUT --out DIR --boundary-field "
                      "FIELD` (JSON Lines) or `--boundary-separator SEP`, and train with data.source=DIR.")

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 
+from ..boundaries import STRATEGIES
 from .run import BpeReference, CompareSettings, RunResult
 
-# one colour per strategy in every plot (the paper's figure 3: ours green, uniform blue, straight-through orange)
-COLOURS = {"learned": "#2ca02c", "uniform": "#1f77b4", "random": "#7f7f7f", "whitespace": "#9467bd",
-           "entropy": "#8c564b", "bpe": "#d62728", "dynamic_pooling": "#ff7f0e", "hnet": "#e377c2", "file": "#17becf"}
+# one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
+# uniform blue, the straight-through methods orange and pink)
+PALETTE = ("#2ca02c", "#1f77b4", "#7f7f7f", "#9467bd", "#8c564b", "#d62728", "#17becf", "#ff7f0e", "#e377c2")
+COLOURS = dict(zip(STRATEGIES, PALETTE))
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..boundaries import STRATEGIES
 from ..config import RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
@@ -20,7 +21,8 @@ from ..eval.sequences import evaluate
 from ..train.metrics import read_metrics
 from ..train.trainer import Trainer, build_model
 
-DEFAULT_STRATEGIES = ("learned", "uniform", "random", "whitespace", "entropy", "bpe", "dynamic_pooling", "hnet")
+# every registered strategy that runs on any corpus, in the registry's order
+DEFAULT_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if not cls.user_supplied)
 
 
 @dataclass
@@ -101,7 +103,6 @@ def run_config(settings: CompareSettings, strategy: str, seed: int) -> RunConfig
 def train_one(settings: CompareSettings, strategy: str, seed: int, reference, log=print) -> RunResult:
     """Train (or reuse, or resume) one strategy at the budget, evaluate and analyse it."""
     from ..analysis import analyse
-    from ..boundaries import STRATEGIES
     from ..train import checkpoint as ckpt_io
 
     run_dir = settings.out / "runs" / f"{strategy}-seed{seed}"
