@@ -515,7 +515,7 @@ def render_figures(fig: dict) -> list[str]:
                 f"{tp['batch'][0]} x {tp['batch'][1]} bytes, {tp['precision']}, compile backend {tp['compile_backend']}, "
                 f"median of {tp['steps']} steps after {tp['warmup']} (steps interleaved), MFU against "
                 f"{fmt(tp['peak_tflops'], '.0f')} TFLOP/s:", "",
-                "| run | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) |",
+                "| run | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | its peak memory (GiB) |",
                 "|---|---|---|---|---|---|---|---|"]
         for r in tp["rows"]:
             out.append(f"| {r['run']} | {r['step_s'] * 1e3:.1f} | {r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | "

@@ -97,15 +97,19 @@ class Run:
 
 def measure(runs: list[Run], steps: int, warmup: int) -> list[dict]:
     """Interleaved: one step of each run in turn, so that a change in the machine's speed (another
-    process, clock scaling) hits every run alike. Peak memory: per run on CUDA; on a CPU the process's
-    peak resident size, which is shared by all runs."""
+    process, clock scaling) hits every run alike. Peak memory: per run on CUDA, its own (its weights, and
+    what its warm-up steps allocated at most: gradients, optimizer state, activations; not the other
+    runs' weights, which share the device); on a CPU the process's peak resident size, shared by all runs."""
     results = []
     for r in runs:
         if r.device.type == "cuda":
+            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
         for _ in range(warmup):
             r.step(timed=False)
-        r.peak = torch.cuda.max_memory_allocated() if r.device.type == "cuda" else None
+        weights = sum(p.numel() * p.element_size() for p in r.model.parameters())
+        r.peak = torch.cuda.max_memory_allocated() - before + weights if r.device.type == "cuda" else None
     for _ in range(steps):
         for r in runs:
             r.step(timed=True)
