@@ -8,7 +8,8 @@ utilisation (paper §4.2 accounting against --peak-tflops, default 989 bf16 dens
 CUDA, none on CPU), peak memory, and the learned/fixed step-time ratio. `--dense-baseline` adds the
 same model with plain dense-mask attention (the "plain eager implementation" to compare against).
 `--group-sizes 2,4` adds the learned policy with K boundary draws per sequence (`boundaries.group_size`,
-the same batch of sequences) and prints each one's cost per byte of text relative to K = 1.
+the same batch of sequences) and prints each one's cost per byte of text relative to K = 1. `--scoring`
+adds held-out scoring of the same batch (eval mode, forward only) and its bytes/s relative to training.
 """
 
 from __future__ import annotations
@@ -95,6 +96,29 @@ class Run:
                 "padding": 1 - self.tokens / max(self.slots, 1), "flops_s": flops / step_time}
 
 
+class ScoringRun(Run):
+    """The same model scoring the batch as held-out evaluation does (`learntok.eval.sequences`): eval
+    mode, boundaries sampled, forward only; FLOPs counted as a third of a training step's (forward only)."""
+
+    def step(self, timed: bool) -> None:
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.model.eval()
+        sync()
+        start = time.perf_counter()
+        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            _, metrics, _ = self.model.loss(self.batch, self.gen)
+        sync()
+        if timed:
+            self.times.append(time.perf_counter() - start)
+            self.tokens += int(metrics["tokens"])
+            self.slots += int(metrics["token_slots"])
+
+    def result(self) -> dict:
+        out = super().result()
+        out["flops_s"] /= 3
+        return out
+
+
 def measure(runs: list[Run], steps: int, warmup: int) -> list[dict]:
     """Interleaved: one step of each run in turn, so that a change in the machine's speed (another
     process, clock scaling) hits every run alike. Peak memory: per run on CUDA, its own (its weights, and
@@ -132,6 +156,8 @@ def main() -> None:
     p.add_argument("--fixed", default="uniform", help="the fixed-boundary strategy to compare against")
     p.add_argument("--dense-baseline", action="store_true", help="also time dense-mask attention")
     p.add_argument("--group-sizes", default="", help="comma-separated K: also time the learned policy with K draws")
+    p.add_argument("--scoring", action="store_true",
+                   help="also time held-out scoring of the same batch (eval mode, forward only)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -144,6 +170,10 @@ def main() -> None:
         names.append("learned, dense-mask attention")
         runs.append(Run(load_config(args.config, args.overrides + ["boundaries.name=learned"]), device, args.bf16,
                         False, sliding_window=dense_sliding_window))
+    if args.scoring:
+        names.append("learned, held-out scoring (forward only)")
+        runs.append(ScoringRun(load_config(args.config, args.overrides + ["boundaries.name=learned"]), device,
+                               args.bf16, args.compile))
     groups = [int(k) for k in args.group_sizes.split(",") if k.strip()]
     for k in groups:
         names.append(f"learned, {k} draws per sequence")
@@ -167,6 +197,9 @@ def main() -> None:
     print(f"\nlearned / {args.fixed} step time: {learned['step_s'] / fixed['step_s']:.3f}")
     if args.dense_baseline:
         print(f"blocked / dense-mask bytes/s: {learned['bytes_s'] / rows[2][1]['bytes_s']:.2f}x")
+    if args.scoring:
+        scoring = next(r for name, r in rows if name.startswith("learned, held-out scoring"))
+        print(f"held-out scoring / training step bytes/s: {scoring['bytes_s'] / learned['bytes_s']:.2f}x")
     for k, (name, r) in zip(groups, rows[len(rows) - len(groups):]):
         print(f"K = {k}: time per byte of text {learned['bytes_s'] / r['bytes_s']:.2f}x K = 1's "
               f"(FLOPs per byte {r['flops_s'] / r['bytes_s'] / (learned['flops_s'] / learned['bytes_s']):.2f}x)")
