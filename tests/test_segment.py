@@ -202,7 +202,9 @@ def test_score_command(model_dir, model, tmp_path, capsys):
     assert total["bpb"] == pytest.approx(sum(r["bits"] for r in rows[:-1]) / total["bytes"])
     assert rows[0]["bpb"] == pytest.approx(score(model, "hello").bpb)
     assert main(["score", str(model_dir), "hello", "world"]) == 0
-    assert "total (2 documents" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "total (2 documents" in printed.out
+    assert "each document from its start, in windows of" in printed.err  # which estimator
     with pytest.raises(SystemExit, match="no string field 'text'"):
         main(["score", str(model_dir), "--file", str(jsonl)])
 

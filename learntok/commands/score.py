@@ -67,6 +67,7 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
 
 def run(args: argparse.Namespace) -> int:
     from ..generation import score
+    from ..hub import default_context
 
     if not args.texts and not args.file:
         raise SystemExit("error: give TEXT arguments or --file F")
@@ -101,5 +102,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{'mean over documents':<44} {'':>10} {mean_doc:>7.3f}")
         how = ("sampled boundaries" + (f", mean of {args.samples} seeds" if args.samples > 1 else f", seed {args.seed}")
                if model.boundaries.stochastic else "deterministic boundaries")
-        print(f"({how}; {model.boundaries.name} strategy)", file=sys.stderr)
+        context = args.context or default_context(model)
+        print(f"(each document from its start, in windows of {context} bytes overlapping by half; {how}; "
+              f"{model.boundaries.name} strategy)", file=sys.stderr)
     return 0
