@@ -69,6 +69,15 @@ class Run:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         sync()
         start = time.perf_counter()
+        metrics = self.work()
+        sync()
+        if timed:
+            self.times.append(time.perf_counter() - start)
+            self.tokens += int(metrics["tokens"])
+            self.slots += int(metrics["token_slots"])
+
+    def work(self) -> dict:
+        """One optimizer step; returns the loss's metrics."""
         blocked = layers.sliding_window_attention
         if self.sliding_window is not None:
             layers.sliding_window_attention = self.sliding_window
@@ -81,11 +90,7 @@ class Run:
             layers.sliding_window_attention = blocked
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
-        sync()
-        if timed:
-            self.times.append(time.perf_counter() - start)
-            self.tokens += int(metrics["tokens"])
-            self.slots += int(metrics["token_slots"])
+        return metrics
 
     def result(self) -> dict:
         steps = len(self.times)
@@ -100,18 +105,10 @@ class ScoringRun(Run):
     """The same model scoring the batch as held-out evaluation does (`learntok.eval.sequences`): eval
     mode, boundaries sampled, forward only; FLOPs counted as a third of a training step's (forward only)."""
 
-    def step(self, timed: bool) -> None:
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+    def work(self) -> dict:
         self.model.eval()
-        sync()
-        start = time.perf_counter()
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            _, metrics, _ = self.model.loss(self.batch, self.gen)
-        sync()
-        if timed:
-            self.times.append(time.perf_counter() - start)
-            self.tokens += int(metrics["tokens"])
-            self.slots += int(metrics["token_slots"])
+            return self.model.loss(self.batch, self.gen)[1]
 
     def result(self) -> dict:
         out = super().result()
