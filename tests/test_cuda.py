@@ -10,7 +10,7 @@ from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.model.unet import ByteUNet
 from test_attention import dense_reference, qkv
-from test_train import tiny_trainer
+from test_train import check_compiled_stacks_do_not_recompile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -93,19 +93,6 @@ def test_future_bytes_never_change_past_outputs_on_cuda(training):
 
 
 def test_compiled_stacks_do_not_recompile_on_cuda(tmp_path, keep_threads):
-    """train.compile with inductor on the device: the token level sees a different token count almost
-    every step; the stacks compile once (a dynamic token count) and train like the eager model."""
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()
-    counters.clear()
-    eager = tiny_trainer(tmp_path / "eager", log_every=100, checkpoint_every=0, device="cuda")
-    compiled = tiny_trainer(tmp_path / "compiled", compile=True, log_every=100, checkpoint_every=0, device="cuda")
-    slots, frames = set(), []
-    for _ in range(6):
-        a = eager.train_step(eager.data.train.next_batch())
-        b = compiled.train_step(compiled.data.train.next_batch())
-        slots.add(int(b["token_slots"]))
-        frames.append(counters["frames"]["total"])
-        assert torch.allclose(a["loss"], b["loss"], rtol=1e-3, atol=1e-4)
-    assert len(slots) >= 2
-    assert frames[0] <= 3 and frames == frames[:1] * 6, frames
+    """train.compile with inductor on the device; its kernels round differently from eager ones, so a
+    boundary may flip: the token counts are not compared, the losses within 1e-3."""
+    check_compiled_stacks_do_not_recompile(tmp_path, rtol=1e-3, atol=1e-4, same_tokens=False, device="cuda")

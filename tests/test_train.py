@@ -372,26 +372,33 @@ def test_tensorboard_events_are_written_and_purged_on_resume(tmp_path):
     assert "flops" in acc.Tags()["scalars"]
 
 
-def test_compiled_stacks_do_not_recompile_as_token_counts_vary(tmp_path, monkeypatch):
-    """train.compile: the token level sees a different token count almost every step; the stacks compile
-    once each (no recompilation per count) and train like the eager model. aot_eager traces exactly what
-    inductor would be given, at a fraction of the compile time."""
+def check_compiled_stacks_do_not_recompile(tmp_path, *, rtol: float, atol: float, same_tokens: bool = True,
+                                           **train) -> None:
+    """An eager and a `train.compile` tiny trainer side by side for 6 steps: the token level sees a different
+    token count almost every step; the stacks compile once each (no recompilation per count) and train
+    like the eager model (`same_tokens`: with the same token counts, i.e. the same boundaries)."""
     from torch._dynamo.utils import counters
-    original = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: original(self, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()
-    eager = tiny_trainer(tmp_path / "eager", log_every=100, checkpoint_every=0)
-    compiled = tiny_trainer(tmp_path / "compiled", compile=True, log_every=100, checkpoint_every=0)
+    eager = tiny_trainer(tmp_path / "eager", log_every=100, checkpoint_every=0, **train)
+    compiled = tiny_trainer(tmp_path / "compiled", compile=True, log_every=100, checkpoint_every=0, **train)
     slots, compiled_frames = set(), []
     for _ in range(6):
         a = eager.train_step(eager.data.train.next_batch())
         b = compiled.train_step(compiled.data.train.next_batch())
         slots.add(int(b["token_slots"]))
         compiled_frames.append(counters["frames"]["total"])
-        assert int(a["token_slots"]) == int(b["token_slots"])
-        assert torch.allclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-5)
+        if same_tokens:
+            assert int(a["token_slots"]) == int(b["token_slots"])
+        assert torch.allclose(a["loss"], b["loss"], rtol=rtol, atol=atol)
     assert len(slots) >= 2  # the token count did vary
     # the stacks share one forward: compiled for the byte length, then once more with a dynamic length
     # when the token level first calls it; never again
     assert compiled_frames[0] <= 3 and compiled_frames == compiled_frames[:1] * 6, compiled_frames
+
+
+def test_compiled_stacks_do_not_recompile_as_token_counts_vary(tmp_path, monkeypatch):
+    """aot_eager traces exactly what inductor would be given, at a fraction of the compile time."""
+    original = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: original(self, backend="aot_eager", **kw))
+    check_compiled_stacks_do_not_recompile(tmp_path, rtol=1e-4, atol=1e-5)
