@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from learntok.analysis import analyse
 from learntok.data.loader import make_data
 from learntok.train.checkpoint import load_model
+from trend import boundary_measures  # beside this script
 from learntok.eval.sequences import evaluate
 
 SEQUENCES = 64
@@ -29,12 +29,10 @@ def main() -> None:
         model, cfg = load_model(path)
         cfg.train.eval_batches = math.ceil(SEQUENCES / cfg.train.batch_size)
         val = make_data(cfg).val
-        with torch.no_grad():
-            ev = evaluate(model, val, samples=2)
-            summary = analyse(model, val, samples=1, seed=1234).summary()
+        ev = evaluate(model, val, samples=2)
+        summary = boundary_measures(model, val)
         result[label] = {"run": path, "heldout_sequences": sum(len(b.inputs) for b in val), "bpb": ev["bpb"],
-                         **{k: summary[k] for k in ("rate", "whitespace_precision", "whitespace_recall",
-                                                    "whitespace_share", "word_f1", "mean_token_bytes")}}
+                         **summary}
         print(f"{label}: {result[label]['heldout_sequences']} sequences, bpb {ev['bpb']:.4f}, whitespace precision "
               f"{summary['whitespace_precision']:.3f} recall {summary['whitespace_recall']:.3f}", flush=True)
     out.write_text(json.dumps(result, indent=1))

@@ -20,6 +20,16 @@ from learntok.train import checkpoint as ckpt_io
 from learntok.eval.sequences import evaluate
 
 
+MEASURES = ("rate", "whitespace_precision", "whitespace_recall", "whitespace_share", "word_f1", "mean_token_bytes")
+
+
+@torch.no_grad()
+def boundary_measures(model, val) -> dict:
+    """Where a model's boundaries fall on held-out batches: one draw, seed 1234."""
+    summary = analyse(model, val, samples=1, seed=1234).summary()
+    return {k: summary[k] for k in MEASURES}
+
+
 def trend(run_dir: Path) -> list[dict]:
     rows, val = [], None
     checkpoints = ckpt_io.list_checkpoints(run_dir)
@@ -29,12 +39,10 @@ def trend(run_dir: Path) -> list[dict]:
         model, cfg = ckpt_io.load_model(ckpt)
         state = ckpt_io.read_state(ckpt)
         val = val or make_data(cfg).val
-        with torch.no_grad():
-            summary = analyse(model, val, samples=1, seed=1234).summary()
-            bpb = evaluate(model, val, samples=1, seed=1234)["bpb"]
+        summary = boundary_measures(model, val)
+        bpb = evaluate(model, val, samples=1, seed=1234)["bpb"]
         rows.append({"step": state["step"], "bytes": state["bytes_seen"], "flops": state["flops"], "val_bpb": bpb,
-                     **{k: summary[k] for k in ("rate", "whitespace_precision", "whitespace_recall",
-                                                "whitespace_share", "word_f1", "mean_token_bytes")}})
+                     **summary})
         print(f"{run_dir.name} step {state['step']:4d}: bpb {bpb:.3f}, rate {summary['rate']:.3f}, whitespace "
               f"precision {summary['whitespace_precision']:.3f} recall {summary['whitespace_recall']:.3f}", flush=True)
     return rows
