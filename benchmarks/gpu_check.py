@@ -32,7 +32,6 @@ import importlib
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -150,12 +149,31 @@ def stage_env(args, sizes: Sizes, device: torch.device) -> dict:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True)
         info["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
-    bound = re.search(r'"torch>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
-    info["torch_bound"] = f">={bound.group(1)}" if bound else "none"
-    info["torch_bound_admits_installed"] = bool(bound is None or torch.__version__ >= bound.group(1))
+    info["dependency_bounds"] = dependency_bounds()
     info["install"] = install_learntok(dry_run=args.dry_run)
     say("environment:", json.dumps(info, indent=1))
     return info
+
+
+def dependency_bounds() -> dict:
+    """Every requirement of pyproject.toml (core and extras) against what this machine has installed:
+    {name: {"bound", "installed", "admits"}}; a package that is not installed has installed None."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    out = {}
+    for spec in [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]:
+        req = Requirement(spec)
+        try:
+            installed = version(req.name)
+        except PackageNotFoundError:
+            installed = None
+        admits = None if installed is None else req.specifier.contains(installed, prereleases=True)
+        out[req.name] = {"bound": str(req.specifier) or "any", "installed": installed, "admits": admits}
+    return out
 
 
 def install_learntok(dry_run: bool) -> str:

@@ -15,7 +15,9 @@ Using a trained model:
 
 The model (`ByteUNet`) is a plain `nn.Module`; these functions live beside it, in `learntok.hub`,
 `learntok.display` and `learntok.generation`, and are imported on first use so that `import learntok`
-(and the command line's help) stays fast.
+(and the command line's help) stays fast. `import learntok.hf` registers the transformers classes
+(`AutoModelForCausalLM` and friends; `pip install 'learntok[hf]'`): importing transformers takes seconds,
+so `import learntok` alone does not, and saved directories also load with `trust_remote_code=True`.
 """
 
 __version__ = "0.1.0"

@@ -5,9 +5,14 @@
     model.safetensors  the weights (no pickle)
     README.md          a generated model card
     bpe_tokenizer.json (`bpe` models) the tokenizer behind the boundaries, to segment new text
+    tokenizer_config.json, learntok_hf.py
+                       what transformers' Auto classes read (`learntok.hf`): the byte tokenizer's
+                       settings, and the remote code that `trust_remote_code=True` imports
 
 the layout `huggingface_hub.PyTorchModelHubMixin` writes, without making `huggingface_hub` a
 dependency: it is needed only to download from or upload to the Hub (`pip install learntok[hub]`).
+config.json also carries the keys transformers reads (`architectures`, `auto_map`, the special token
+ids), so the same directory loads with `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`.
 
     model = from_pretrained("runs/demo")       # a training run (its newest checkpoint)
     save_pretrained(model, "models/demo")       # -> config.json, model.safetensors, README.md
@@ -38,12 +43,22 @@ from safetensors.torch import save_file
 from . import __version__
 from .boundaries import STRATEGIES
 from .config import ConfigError, RunConfig, from_dict, to_dict
+from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .model.unet import ByteUNet
 from .train import checkpoint as ckpt_io
 
 FORMAT_VERSION = 1  # of config.json + model.safetensors; bump when either changes meaning
 MODEL_TYPE = "learntok-byte-unet"
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
+TOKENIZER_CONFIG_NAME, REMOTE_CODE_NAME = "tokenizer_config.json", "learntok_hf.py"
+# what transformers imports for a directory it trusts: the classes of `learntok.hf`, which must be installed
+REMOTE_CODE = '''"""transformers' Auto classes load this directory through learntok (pip install 'learntok[hf]'):
+AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)."""
+from learntok.hf import LearntokConfig, LearntokForCausalLM, LearntokTokenizer  # noqa: F401
+'''
+_REMOTE_MODULE = REMOTE_CODE_NAME.removesuffix(".py")
+_AUTO_TOKENIZER = [f"{_REMOTE_MODULE}.LearntokTokenizer", None]
+FALLBACK_CONTEXT = 4096  # bytes per forward pass for a model whose training length is unknown: the paper's
 STRATEGY_FILES = sorted({f for cls in STRATEGIES.values() for f in cls.files})  # `BoundaryStrategy.save_files`
 _CONFIG_SECTIONS = ("model", "boundaries", "train", "data")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -63,7 +78,7 @@ class ModelInfo:
     run_known: bool = True  # False: the train and data sections are defaults, not the model's history
 
 
-def default_context(model, fallback: int = 4096) -> int:
+def default_context(model, fallback: int = FALLBACK_CONTEXT) -> int:
     """Bytes per forward pass when scoring or segmenting long texts: the training sequence length when
     the model knows it (it never saw longer sequences), else `fallback` (the paper's length)."""
     info = getattr(model, "info", None)
@@ -74,13 +89,33 @@ def default_context(model, fallback: int = 4096) -> int:
 
 def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = None, training: dict | None = None,
                     overwrite_card: bool = False) -> Path:
-    """Write config.json, model.safetensors and (unless one exists, as huggingface_hub does) README.md.
+    """Write config.json, model.safetensors, the transformers files and (unless one exists, as
+    huggingface_hub does) README.md.
 
     `config`: the run's config, when the model did not come from `from_pretrained` (its model and
     boundary sections are always taken from the model itself). `training`: facts for the model card
     (bytes_seen, val_bpb, ...), merged over what `model.info` knows."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    meta = config_json(model, config=config, training=training)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
+        weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION)}))
+    _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
+    tokenizer = {"tokenizer_class": "LearntokTokenizer", "auto_map": {"AutoTokenizer": _AUTO_TOKENIZER},
+                 "model_max_length": meta["max_position_embeddings"], "padding_side": "left"}
+    _write_atomic(directory / TOKENIZER_CONFIG_NAME, lambda p: p.write_text(json.dumps(tokenizer, indent=2) + "\n"))
+    _write_atomic(directory / REMOTE_CODE_NAME, lambda p: p.write_text(REMOTE_CODE))
+    model.boundaries.save_files(directory)  # what the strategy needs beyond its weights (a BPE tokenizer)
+    card = directory / CARD_NAME
+    if overwrite_card or not card.exists():
+        _write_atomic(card, lambda p: p.write_text(model_card(meta)))
+    return directory
+
+
+def config_json(model, *, config: RunConfig | None = None, training: dict | None = None) -> dict:
+    """The contents of a model's config.json (see `save_pretrained` for the arguments): learntok's
+    sections and facts, and the keys transformers reads."""
     info = getattr(model, "info", None)
     run_cfg = config or (info.config if info is not None else RunConfig())
     run_known = config is not None or (info is not None and info.run_known)
@@ -90,18 +125,15 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
         sections = {k: sections[k] for k in ("model", "boundaries")}
     facts = {**(info.training if info is not None else {}), **(training or {})}
     n_params = sum(p.numel() for p in model.parameters())
-    meta = {"model_type": MODEL_TYPE, "learntok_version": __version__, "format_version": FORMAT_VERSION,
-            **sections, "training": facts, "num_parameters": n_params}
-
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
-        weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION)}))
-    _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
-    model.boundaries.save_files(directory)  # what the strategy needs beyond its weights (a BPE tokenizer)
-    card = directory / CARD_NAME
-    if overwrite_card or not card.exists():
-        _write_atomic(card, lambda p: p.write_text(model_card(meta)))
-    return directory
+    transformers_keys = {
+        "architectures": ["LearntokForCausalLM"],
+        "auto_map": {"AutoConfig": f"{_REMOTE_MODULE}.LearntokConfig",
+                     "AutoModelForCausalLM": f"{_REMOTE_MODULE}.LearntokForCausalLM", "AutoTokenizer": _AUTO_TOKENIZER},
+        "vocab_size": VOCAB_SIZE, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD,
+        "max_position_embeddings": run_cfg.train.seq_len if run_known else FALLBACK_CONTEXT,  # lm-eval's context
+    }
+    return {"model_type": MODEL_TYPE, "learntok_version": __version__, "format_version": FORMAT_VERSION,
+            **sections, "training": facts, "num_parameters": n_params, **transformers_keys}
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -174,6 +206,25 @@ print(learntok.generate(model, "The quick", max_bytes=100, temperature=0.8, seed
 
 Command line: `learntok segment DIR "some text" --html tokens.html`, `learntok score DIR --file text.txt`,
 `learntok generate DIR --prompt "The" --max-bytes 200`.
+
+With transformers (`pip install 'learntok[hf]'`; `trust_remote_code` imports `learntok_hf.py`, which needs
+learntok installed):
+
+```python
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("<this repo or directory>", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("<this repo or directory>", trust_remote_code=True)
+torch.manual_seed(0)
+out = model.generate(**tokenizer("The quick", return_tensors="pt"), max_new_tokens=100, do_sample=True, top_k=0)
+print(tokenizer.decode(out[0], skip_special_tokens=True))
+```
+
+The tokenizer maps UTF-8 bytes to ids 0-255 (BOS {BOS}, EOS {EOS}, PAD {PAD}). Token boundaries are drawn
+inside the model, sampled from the boundary strategy with a fixed stream of random numbers indexed by
+position (seed 0, as `learntok score` draws them), so a text's boundaries and scores do not depend on
+its batch; `lm_eval --model hf --model_args pretrained=<dir>,trust_remote_code=True` scores it.
 
 ## Config
 

@@ -1,7 +1,7 @@
 """The lm-evaluation-harness adapter, offline: local task YAMLs over JSONL files written here.
 
 The adapter's per-request log-likelihoods must be the numbers `learntok eval` computes for the same
-items (same scorer, same content-derived seeds)."""
+items (same scorer, same boundary draws)."""
 
 from __future__ import annotations
 

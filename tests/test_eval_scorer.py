@@ -17,7 +17,7 @@ from learntok.eval.benchmarks import (
     evaluate_multiple_choice,
 )
 from learntok.eval.heldout import evaluate_heldout
-from learntok.eval.scorer import UNetScorer, pair_seed, split_windows
+from learntok.eval.scorer import UNetScorer, boundary_uniforms, draw_seed, split_windows
 from learntok.model.unet import ByteUNet
 
 MAX_LEN = 64
@@ -100,7 +100,7 @@ def test_continuation_score_is_difference_of_full_scores(model, mode):
 
 
 def test_context_boundaries_are_prefix_consistent(model):
-    """Candidates of one question share the context's boundaries (seed keyed on the context)."""
+    """Candidates of one question share the context's boundaries (the draws depend on the position only)."""
     scorer = scorer_for(model)
     captured = []
     hook = model.boundaries.register_forward_hook(lambda m, args, out: captured.append(out.a.clone()))
@@ -254,8 +254,24 @@ def test_modes_are_checked():
     assert uni.mode == "deterministic" and uni.samples == 1 and not uni.needs_calibration
 
 
-def test_pair_seed_keys():
-    assert pair_seed(0, 0, b"ctx", b"a") == pair_seed(0, 0, b"ctx", b"b")  # candidates share draws
-    assert pair_seed(0, 0, b"", b"doc1") != pair_seed(0, 0, b"", b"doc2")  # documents do not
-    assert pair_seed(0, 0, b"ctx", b"a") != pair_seed(0, 1, b"ctx", b"a")
-    assert pair_seed(0, 0, b"ctx", b"a") != pair_seed(1, 0, b"ctx", b"a")
+def test_boundary_uniforms_are_one_stream_per_seed_and_draw():
+    u = boundary_uniforms(0, 100)
+    assert torch.equal(boundary_uniforms(0, 30), u[:30])  # prefix-consistent: any length sees the same draws
+    assert not torch.equal(boundary_uniforms(0, 100, sample=1), u)  # draws differ
+    assert not torch.equal(boundary_uniforms(1, 100), u)  # seeds differ
+    assert draw_seed(0, 1) != draw_seed(1, 0)
+    assert 0.4 < float(u.mean()) < 0.6
+
+
+def test_sampled_rows_use_the_stream_of_their_positions(model):
+    """A row's uniforms are `boundary_uniforms(seed, n)`, whatever its bytes: documents and pairs alike."""
+    scorer = scorer_for(model, seed=3)
+    captured = []
+    hook = model.boundaries.register_forward_pre_hook(lambda m, args: captured.append(args[0].uniforms.clone()))
+    try:
+        scorer.score([(b"", b"first document"), (b"ctx", b" and a continuation")])
+    finally:
+        hook.remove()
+    (u,) = captured
+    for row, n in zip(u, sorted((len(b"first document"), len(b"ctx and a continuation")), reverse=True)):
+        assert torch.equal(row[:n], boundary_uniforms(3, n))

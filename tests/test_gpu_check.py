@@ -24,7 +24,9 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "tests"]
     assert all(p["meta"]["dry_run"] and not p["meta"]["partial"] for p in parts.values())
     env, tests, figures = (parts[k]["result"] for k in ("env", "tests", "figures"))
-    assert env["torch_bound_admits_installed"] is True
+    bounds = env["dependency_bounds"]
+    assert bounds["torch"]["admits"] is True and bounds["transformers"]["bound"] == ">=5.0"
+    assert all(b["admits"] in (True, None) for b in bounds.values()), bounds  # this machine installed from them
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
     assert [r["run"] for r in figures["throughput"]["rows"]][:2] == ["learned, compiled, blocked", "uniform, compiled, blocked"]

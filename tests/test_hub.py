@@ -30,7 +30,8 @@ def logits(model, seed=0):
 def test_round_trip_identical_logits(tmp_path, name):
     model, _ = make_model(name)
     save_pretrained(model, tmp_path / "m")
-    assert {p.name for p in (tmp_path / "m").iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    assert {p.name for p in (tmp_path / "m").iterdir()} == {"config.json", "model.safetensors", "README.md",
+                                                           "tokenizer_config.json", "learntok_hf.py"}
     loaded = from_pretrained(str(tmp_path / "m"))
     assert not loaded.training
     assert torch.equal(logits(model), logits(loaded))
@@ -173,4 +174,5 @@ def test_push_to_hub(monkeypatch):
     url = push_to_hub(model, "me/tiny", private=True, token="t")
     assert url.endswith("me/tiny/commit/abc")
     assert record == {"token": "t", "repo": ("me/tiny", True, True),
-                      "files": ["README.md", "config.json", "model.safetensors"]}
+                      "files": ["README.md", "config.json", "learntok_hf.py", "model.safetensors",
+                                "tokenizer_config.json"]}

@@ -1,5 +1,12 @@
 """learntok models in EleutherAI's lm-evaluation-harness (optional extra: ``pip install 'learntok[eval]'``).
 
+A directory written by ``learntok.save_pretrained`` also runs under lm-eval's stock ``hf`` model
+(``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True``, see :mod:`learntok.hf`),
+with the same per-item log-likelihoods. This adapter adds what the stock model cannot do: scoring a
+training run or checkpoint directly, K boundary draws per item (``samples``), thresholded or
+calibrated boundaries (``boundaries``), and long documents in half-overlapping windows of the trained
+length (the stock model cuts them into disjoint windows with one byte of context each).
+
 Importing this module registers the model class :class:`LearntokLM` under the name ``learntok``.
 lm-eval 0.4 (checked up to 0.4.13) discovers models only through its own table
 (``lm_eval.models.MODEL_MAPPING``) and through ``@register_model`` in modules that are already
@@ -25,7 +32,7 @@ model first. ``--model_args`` (comma-separated ``key=value``):
 lm-eval's ``--batch_size`` (rows per forward; ``auto`` means 32) and ``--device`` are honoured.
 
 Requests are scored by the same :class:`~learntok.eval.scorer.UNetScorer` as ``learntok eval``,
-with the same content-derived seeds, so for the same context and continuation strings the
+with the same position-indexed boundary draws, so for the same context and continuation strings the
 log-likelihoods are the same numbers. ``loglikelihood`` returns ``(log p(continuation | context),
 is_greedy)`` in nats over the continuation's UTF-8 bytes; ``loglikelihood_rolling`` scores a whole
 document in windows (every byte once); lm-eval's ``bits_per_byte`` metric then counts UTF-8 bytes,

@@ -10,12 +10,14 @@ what it is batched with (tested to float tolerance).
 ``stochastic = True``) have a choice; for deterministic strategies the mode is ignored.
 
 * ``sampled`` (default): boundaries drawn from the policy, as in training but without the training
-  softcap. The random numbers are per row: ``u = torch.rand(T, generator=torch.Generator()
-  .manual_seed(seed))`` with a seed derived from the pair (below), so a row's boundaries depend
-  neither on its batch nor on its padding. ``torch.rand`` on a CPU generator is one serial stream,
-  so ``u[:k]`` is the same for every ``T >= k``: a row that extends another (context alone vs
-  context + continuation) sees the same uniforms, hence the same boundaries, on the shared prefix.
-  With ``samples = K`` every pair is scored under K independent draws; its NLL is the mean over
+  softcap. The random numbers depend on the position only: every row uses the stream
+  :func:`boundary_uniforms` ``(seed, sample)``, ``u[t]`` at position ``t`` (BOS is position 0). A
+  CPU generator is one serial stream, so ``u[:k]`` is the same for every length ``>= k``: a row's
+  boundaries depend on its own bytes, never on its batch, its padding or its length, and rows that
+  share a prefix (a context with several candidate continuations, a document and its first part)
+  share the draws on it (common random numbers). Any tool that sees only whole rows, such as the
+  `transformers` model class and lm-evaluation-harness's ``hf`` model, draws the same boundaries.
+  With ``samples = K`` every pair is scored under K independent streams; its NLL is the mean over
   draws (an estimate of the expected NLL under the policy), each draw's NLL is kept
   (:attr:`ModelScore.sample_nll`) so that reports can give the spread over draws.
 * ``threshold``: ``a_i = [p_i > 0.5]``, computed in order (each decision feeds the lags of the
@@ -30,11 +32,9 @@ what it is batched with (tested to float tolerance).
 All three modes are the same mechanism: the learned policy compares its logit with
 ``logit(u_i)``; ``threshold`` uses ``u_i = 0.5``, ``quantile`` ``u_i = sigmoid(tau)``.
 
-**Seeds.** Pair seeds are ``blake2b(seed, sample, key)`` with ``key`` the window's context bytes, or
-its continuation bytes when the context is empty (held-out documents). All candidates of a
-multiple-choice question thus share the draws (common random numbers: the comparison between
-candidates is not blurred by different context boundaries), and a pair scores the same alone, in
-any batch, and in any run. :meth:`UNetScorer.score` also takes explicit per-pair seeds.
+**Seeds.** :meth:`UNetScorer.score` also takes explicit per-pair seeds, which replace the stream of
+that pair (its first window's first draw uses exactly that seed; later windows and draws derive
+theirs from it).
 
 **Length.** The model is used at most at its trained length ``max_len`` (``train.seq_len``) bytes per
 row. A longer pair keeps its continuation and loses context from the left (the row then starts with
@@ -71,7 +71,8 @@ __all__ = [
     "BOUNDARY_MODES",
     "ModelScore",
     "UNetScorer",
-    "pair_seed",
+    "boundary_uniforms",
+    "draw_seed",
     "split_windows",
 ]
 
@@ -87,12 +88,16 @@ class ModelScore(ContinuationScore):
     greedy_votes: int = 0
 
 
-def pair_seed(seed: int, sample: int, context: bytes, continuation: bytes) -> int:
-    """The seed of one window's random numbers: a hash of (run seed, draw index, key bytes), key = the
-    context, or the continuation when the context is empty. 63 bits, for `manual_seed`."""
-    key = context if context else continuation
-    h = hashlib.blake2b(f"{seed}/{sample}/".encode() + key, digest_size=8).digest()
+def draw_seed(seed: int, sample: int) -> int:
+    """The generator seed of boundary draw `sample` under the scoring seed `seed` (63 bits)."""
+    h = hashlib.blake2b(f"{seed}/{sample}/".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def boundary_uniforms(seed: int, length: int, sample: int = 0) -> torch.Tensor:
+    """The random numbers of sampled boundaries at positions 0 .. length - 1 of any row, (length,) on
+    the CPU: the same stream for every row, and its first k numbers the same for every length >= k."""
+    return torch.rand(length, generator=torch.Generator().manual_seed(draw_seed(seed, sample)))
 
 
 def _derived_seed(seed: int, sample: int, window: int) -> int:
@@ -264,7 +269,7 @@ class UNetScorer:
             for k in range(self.samples):
                 for w, (c, s) in enumerate(windows):
                     if seeds is None:
-                        seed = pair_seed(self.seed, k, c, s)
+                        seed = draw_seed(self.seed, k)
                     elif w == 0 and k == 0:
                         seed = int(seeds[i])
                     else:
@@ -304,7 +309,7 @@ class UNetScorer:
 
     def score(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None = None) -> list[ModelScore]:
         """One :class:`ModelScore` per pair, in order. ``seeds`` (one int per pair) replaces the
-        content-derived seeds; the first window of the first draw then uses exactly that seed (later
+        position-indexed streams; the first window of the first draw then uses exactly that seed (later
         windows and draws derive theirs from it). An empty continuation scores 0."""
         if seeds is not None and len(seeds) != len(pairs):
             raise ValueError(f"{len(seeds)} seeds for {len(pairs)} pairs")
@@ -332,15 +337,14 @@ class UNetScorer:
     def greedy(self, context: bytes, max_new_bytes: int, stop: Sequence[bytes] = ()) -> bytes:
         """Greedy (argmax) bytes after ``context``: one full forward per byte, no cache. Stops after
         ``max_new_bytes``, at a special symbol, or once a ``stop`` string appears (included in the
-        result). Boundaries follow the mode, with the random numbers of the seed that :meth:`score`
-        gives ``(context, continuation)``: ``score(context, greedy(context, n))`` has ``greedy_match``."""
-        row_seed = pair_seed(self.seed, 0, context, b"")
+        result). Boundaries follow the mode, with the random numbers :meth:`score` uses (the first draw's
+        stream): ``score(context, greedy(context, n))`` has ``greedy_match``."""
+        row_seed = draw_seed(self.seed, 0)
         new = b""
         for _ in range(max_new_bytes):
             data = context + new
             keep = data[max(0, len(data) - (self.max_len - 1)):]
-            seed = row_seed if len(keep) == len(data) else pair_seed(self.seed, 0, keep, b"")
-            row = _Row(0, 0, keep + b"\0", 1, seed)  # input positions: BOS + keep; the last one predicts
+            row = _Row(0, 0, keep + b"\0", 1, row_seed)  # input positions: BOS + keep; the last one predicts
             T = self.max_len if self.pad_to_max else len(row.data)
             inputs = torch.full((1, T), PAD, dtype=torch.long)
             inputs[0, 0] = BOS

@@ -1,0 +1,331 @@
+"""learntok models as transformers models (optional extra: ``pip install 'learntok[hf]'``).
+
+Importing this module registers three classes with transformers' Auto classes, under the model type
+of every learntok directory (``learntok-byte-unet``):
+
+* :class:`LearntokConfig` (``AutoConfig``): the directory's config.json;
+* :class:`LearntokForCausalLM` (``AutoModelForCausalLM``): the U-Net behind transformers' causal-LM
+  interface: ``model(input_ids, attention_mask, labels=...)`` and ``model.generate(...)``;
+* :class:`LearntokTokenizer` (``AutoTokenizer``): UTF-8 bytes as ids 0-255, BOS/EOS/PAD as the model
+  uses them.
+
+Every directory `learntok.save_pretrained` writes also carries ``learntok_hf.py`` and an ``auto_map``,
+so a user who never imports learntok loads it with ``trust_remote_code=True``::
+
+    model = AutoModelForCausalLM.from_pretrained("models/demo", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained("models/demo", trust_remote_code=True)
+    torch.manual_seed(0)
+    out = model.generate(**tokenizer(["The ", "Once upon"], return_tensors="pt", padding=True),
+                         max_new_tokens=100, do_sample=True, temperature=0.8)
+
+Loading and saving go through `learntok.hub` (one load path; ``model.unet`` is the `ByteUNet`).
+
+**Boundaries.** In eval mode (what ``from_pretrained`` returns) every row's boundaries are sampled
+with the random numbers `learntok score` uses: the position-indexed stream
+``eval.scorer.boundary_uniforms(config.boundary_seed, ...)``. A row's boundaries, hence its logits,
+depend on its own bytes only, not on its batch or padding, so lm-evaluation-harness's stock ``hf`` model
+scores each item as learntok's own adapter does. In training mode the strategy draws fresh random
+numbers, and ``labels`` give the next-byte loss only (train with ``learntok train`` for the full
+objective with its policy gradient).
+
+**Rows.** Each row is what a tool gives: with or without BOS (BOS is put in front when missing, and
+the logits of the given positions are returned), left- or right-padded (``attention_mask``).
+
+**Generation** uses the U-Net's own caches (:class:`LearntokCache`: byte-level sliding windows, the
+token level, the strategy's state; rows whose prompts have the same length share one batched cache).
+Greedy and sampling are supported; bytes are drawn by transformers' own processors and
+``torch.multinomial``, which `learntok.generate` reproduces: after ``torch.manual_seed(seed)``,
+``model.generate(..., do_sample=True, top_k=0)`` draws the bytes ``learntok.generate(unet, prompt,
+seed=seed)`` draws (``top_k=0``: transformers samples from the 50 most likely bytes unless told, learntok
+from all; with ``top_k=k`` pass the same k to both). Beam search and assisted decoding are not supported.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GenerationMixin,
+                          PretrainedConfig, PreTrainedModel, PreTrainedTokenizer)
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.tokenization_utils_base import AddedToken
+
+from . import hub
+from .config import from_dict
+from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
+from .eval.scorer import boundary_uniforms
+from .model.unet import ByteUNet, InferenceCache
+
+__all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokTokenizer"]
+
+# what AutoModel passes along for the Hub and for classes it loads itself: nothing to do for us
+_LOADER_KEYS = {"trust_remote_code", "_from_auto", "_from_pipeline", "_commit_hash", "code_revision",
+                "adapter_kwargs", "force_download", "proxies", "subfolder", "low_cpu_mem_usage", "attn_implementation",
+                "use_safetensors", "resume_download", "user_agent", "gguf_file"}
+
+
+class LearntokConfig(PretrainedConfig):
+    """config.json of a learntok directory: learntok's own sections (``model``, ``boundaries``,
+    ``train``, ``data``, ``training``) as dicts, and the keys transformers reads. ``boundary_seed``:
+    the stream of boundary draws in eval mode (0, as `learntok score`)."""
+
+    model_type = hub.MODEL_TYPE
+
+    def __init__(self, model: dict | None = None, boundaries: dict | None = None, train: dict | None = None,
+                 data: dict | None = None, training: dict | None = None, boundary_seed: int = 0,
+                 max_position_embeddings: int = hub.FALLBACK_CONTEXT, **kwargs):
+        for key, value in (("bos_token_id", BOS), ("eos_token_id", EOS), ("pad_token_id", PAD)):
+            kwargs.setdefault(key, value)
+        kwargs.pop("vocab_size", None)
+        super().__init__(**kwargs)
+        self.model, self.boundaries, self.train, self.data = model or {}, boundaries or {}, train, data
+        self.training = training or {}
+        self.boundary_seed = boundary_seed
+        self.max_position_embeddings = max_position_embeddings
+        self.vocab_size = VOCAB_SIZE
+
+    def run_config(self):
+        """learntok's `RunConfig` of these sections."""
+        sections = {k: v for k, v in (("model", self.model), ("boundaries", self.boundaries), ("train", self.train),
+                                      ("data", self.data)) if v}
+        return from_dict(sections)
+
+
+class LearntokCache:
+    """The U-Net's inference caches for `generate`, one `InferenceCache` per prompt length (rows of a
+    left-padded batch whose prompts differ in length step apart; rows of equal length together).
+    ``seen``: the columns of ``input_ids`` consumed so far."""
+
+    is_compileable = False
+
+    def __init__(self, max_length: int | None = None):
+        self.max_length = max_length  # columns of input_ids generation will reach, when known
+        self.groups: list[tuple[torch.Tensor, InferenceCache]] = []  # (row indices, their caches)
+        self.uniforms: torch.Tensor | None = None  # (positions,) the boundary draws
+        self.seen = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+
+class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
+    """A learntok `ByteUNet` (``self.unet``) as a transformers causal LM (see the module docstring)."""
+
+    config_class = LearntokConfig
+    base_model_prefix = "unet"
+    main_input_name = "input_ids"
+
+    def __init__(self, config: LearntokConfig, unet: ByteUNet | None = None):
+        super().__init__(config)
+        if unet is None:
+            run_cfg = config.run_config()
+            unet = ByteUNet(run_cfg.model, run_cfg.boundaries)
+        self.unet = unet
+        self.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+                                                  suppress_tokens=[BOS, PAD])
+        self.post_init()
+
+    def _init_weights(self, module) -> None:
+        """Nothing: the U-Net initialises itself when built (`ByteUNet.reset_parameters`) or is loaded."""
+
+    # --- loading and saving: through learntok.hub ------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args, config=None, dtype=None,
+                        torch_dtype=None, device_map=None, revision: str | None = None, token: str | None = None,
+                        cache_dir: str | None = None, local_files_only: bool = False, **kwargs):
+        """Load with `learntok.from_pretrained` (a saved directory, a training run or a Hub repo), in
+        eval mode. ``dtype`` (or ``torch_dtype``) and ``device_map`` (a device) are honoured;
+        ``config`` is read from the directory."""
+        unknown = sorted(k for k, v in kwargs.items() if k not in _LOADER_KEYS and v is not None)
+        if model_args or unknown:
+            warnings.warn(f"learntok: from_pretrained ignores {[*map(repr, model_args), *unknown]}", stacklevel=2)
+        unet = hub.from_pretrained(pretrained_model_name_or_path, revision=revision, token=token, cache_dir=cache_dir,
+                                   local_files_only=local_files_only)
+        model = cls(LearntokConfig(**hub.config_json(unet)), unet=unet)
+        dtype = dtype if dtype is not None else torch_dtype
+        if isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        if isinstance(dtype, torch.dtype):
+            model.to(dtype)
+        if device_map is not None:
+            if isinstance(device_map, dict):  # {"": device}: the whole model on one device (lm-eval passes this)
+                if set(device_map) != {""}:
+                    raise ValueError("learntok: device_map must name one device (the model is not split across devices)")
+                device_map = device_map[""]
+            if device_map == "auto":
+                device_map = "cuda" if torch.cuda.is_available() else "cpu"
+            model.to(device_map)
+        return model.eval()
+
+    def save_pretrained(self, save_directory: str | Path, *args, **kwargs) -> None:
+        """Write the directory with `learntok.save_pretrained` (extra arguments of transformers' own
+        save_pretrained, such as ``safe_serialization``, have nothing to change)."""
+        hub.save_pretrained(self.unet, save_directory)
+
+    # --- forward ---------------------------------------------------------------------------------
+
+    def _uniforms(self, rows: int, length: int) -> torch.Tensor | None:
+        """The boundary draws of `rows` rows of `length` positions: the eval stream, or None in training
+        (the strategy draws its own)."""
+        if self.training or not getattr(self.unet.boundaries, "stochastic", False):
+            return None
+        u = boundary_uniforms(self.config.boundary_seed, length).to(self.device)
+        return u.expand(rows, length)
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                past_key_values: LearntokCache | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        """Next-byte logits (B, T, V) at every given position (zeros at padding), and with ``labels``
+        the mean next-byte cross-entropy over positions whose label is not -100 (shifted as usual).
+        With a `LearntokCache` (generation): the logits of the newest position only, (B, 1, V)."""
+        if past_key_values is None and use_cache and not self.training:
+            past_key_values = LearntokCache()
+        if past_key_values is not None:
+            logits = self._generation_step(input_ids, attention_mask, past_key_values)
+        else:
+            logits = self._full_forward(input_ids, attention_mask)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+    @staticmethod
+    def _real(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask, offset): which columns are real bytes (B, T) bool, and per row 1 when BOS must be put
+        in front of its first real column, else 0 (B,)."""
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        first = input_ids.gather(1, mask.long().argmax(1, keepdim=True))[:, 0]  # each row's first real column
+        return mask, (first != BOS).long()
+
+    def _full_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T = input_ids.shape
+        if self.unet.draws > 1:
+            raise NotImplementedError("learntok: a model trained with boundaries.group_size > 1 runs in training mode "
+                                      "only under `learntok train`; call model.eval()")
+        mask, offset = self._real(input_ids, attention_mask)
+        # the internal position of every real column: rows start at 0 with BOS, left padding removed
+        position = (mask.long().cumsum(1) - 1 + offset[:, None]).clamp(min=0)  # (B, T)
+        length = int((mask.sum(1) + offset).max())
+        if self.unet.boundaries.length_dependent:  # pad to the trained length, as learntok's scorer does
+            length = max(length, self.config.max_position_embeddings)
+        inputs = torch.full((B, length), PAD, dtype=torch.long, device=input_ids.device)
+        inputs[:, 0] = BOS
+        rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
+        inputs[rows[mask], position[mask]] = input_ids[mask]
+        out = self.unet(inputs, uniforms=self._uniforms(B, length))
+        logits = out.logits.gather(1, position[..., None].expand(B, T, out.logits.shape[-1]))
+        return logits * mask[..., None]
+
+    def _generation_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                         cache: LearntokCache) -> torch.Tensor:
+        """Feed the columns of `input_ids` the cache has not seen: the prompt (prefill per prompt length)
+        or the bytes generated since. Returns the logits after the last column, (B, 1, V)."""
+        if self.unet.draws > 1:
+            raise NotImplementedError("learntok: generation runs in eval mode; call model.eval()")
+        B = input_ids.shape[0]
+        logits = torch.zeros(B, 1, VOCAB_SIZE, device=input_ids.device)
+        if not cache.groups:
+            mask, offset = self._real(input_ids, attention_mask)
+            lengths = mask.sum(1) + offset  # internal prompt length per row
+            # room for the bytes to come: as learntok generate allocates it (`uniform` spreads its pattern over it)
+            new = cache.max_length - input_ids.shape[1] if cache.max_length else self.config.max_position_embeddings
+            cache.uniforms = boundary_uniforms(self.config.boundary_seed, int(lengths.max()) + new).to(input_ids.device)
+            for n in sorted(set(lengths.tolist())):
+                rows = (lengths == n).nonzero()[:, 0]
+                prompt = torch.stack([torch.cat([input_ids.new_tensor([BOS] * int(offset[r])), input_ids[r][mask[r]]])
+                                      for r in rows.tolist()])  # (rows, n)
+                group = self.unet.allocate_inference_cache(len(rows), n + new)
+                first = self.unet.prefill(prompt, group, uniforms=self._stream(cache, len(rows), 0, n))
+                logits[rows] = first.logits[:, -1:]
+                cache.groups.append((rows, group))
+        else:
+            for column in range(cache.seen, input_ids.shape[1]):
+                for rows, group in cache.groups:
+                    j = group.position
+                    st = self.unet.step(input_ids[rows, column], group, uniforms=self._stream(cache, len(rows), j, j + 1)[:, 0])
+                    logits[rows] = st.logits
+        cache.seen = input_ids.shape[1]
+        return logits
+
+    @staticmethod
+    def _stream(cache: LearntokCache, rows: int, start: int, end: int) -> torch.Tensor:
+        """The boundary draws of positions start .. end - 1, (rows, end - start)."""
+        return cache.uniforms[start:end].expand(rows, end - start)
+
+    # --- generate's hooks ------------------------------------------------------------------------
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """A `LearntokCache` with room for `generation_config.max_length` columns (not transformers' own
+        key/value caches: the U-Net's levels and its strategy keep their own state)."""
+        if generation_config.num_beams > 1:
+            raise NotImplementedError("learntok: beam search is not supported; use greedy or sampling")
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = LearntokCache(generation_config.max_length)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values: LearntokCache | None = None,
+                                      attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
+                                      **kwargs) -> dict:
+        """Every column every time: the cache knows which it has seen (without a cache, a full forward)."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": past_key_values,
+                "use_cache": use_cache}
+
+
+class LearntokTokenizer(PreTrainedTokenizer):
+    """UTF-8 bytes as ids 0-255 and learntok's BOS (256), EOS (257) and PAD (258). Encoding adds no
+    special ids (the model puts BOS in front of a row that lacks it, so a text scores the same with or
+    without one, and tools that add their own prefix token, such as lm-eval's rolling windows, get no
+    second BOS); the names of the special tokens in a text are its bytes. Decoding turns an incomplete
+    UTF-8 sequence into U+FFFD."""
+
+    vocab_files_names: dict = {}
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", **kwargs):
+        specials = {BOS: bos_token, EOS: eos_token, PAD: pad_token}
+        self._added_tokens_decoder = {i: AddedToken(t, special=True) if isinstance(t, str) else t
+                                      for i, t in specials.items()}
+        kwargs.setdefault("split_special_tokens", True)  # "<eos>" in a text is five bytes
+        kwargs.setdefault("padding_side", "left")  # for generation
+        super().__init__(bos_token=bos_token, eos_token=eos_token, pad_token=pad_token, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def get_vocab(self) -> dict[str, int]:
+        return {**{chr(i): i for i in range(256)}, **self.added_tokens_encoder}
+
+    def _tokenize(self, text: str, **kwargs) -> list[str]:
+        return [chr(b) for b in text.encode("utf-8")]
+
+    def _convert_token_to_id(self, token: str) -> int:
+        if len(token) != 1 or ord(token) > 255:
+            raise ValueError(f"learntok: {token!r} is not a byte token")
+        return ord(token)
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return chr(index)
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        data = b"".join(bytes([ord(t)]) if len(t) == 1 and ord(t) < 256 else t.encode("utf-8") for t in tokens)
+        return data.decode("utf-8", errors="replace")
+
+    def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1: list[int] | None = None) -> list[int]:
+        return token_ids_0 + (token_ids_1 or [])  # no special ids (see the class docstring)
+
+    def get_special_tokens_mask(self, token_ids_0: list[int], token_ids_1: list[int] | None = None,
+                                already_has_special_tokens: bool = False) -> list[int]:
+        ids = token_ids_0 + (token_ids_1 or [])
+        return [int(i in (BOS, EOS, PAD)) for i in ids] if already_has_special_tokens else [0] * len(ids)
+
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
+        return ()  # the vocabulary is the 256 bytes: nothing to write
+
+
+AutoConfig.register(hub.MODEL_TYPE, LearntokConfig, exist_ok=True)
+AutoModelForCausalLM.register(LearntokConfig, LearntokForCausalLM, exist_ok=True)
+AutoTokenizer.register(LearntokConfig, tokenizer_class=LearntokTokenizer, exist_ok=True)

@@ -1,0 +1,279 @@
+"""transformers integration (`learntok.hf`), offline on tiny models written here.
+
+The checks: a saved directory loads through transformers' Auto classes (registered, and through
+`trust_remote_code` in a process that never imports learntok) with logits identical to the
+`ByteUNet`'s; rows with or without BOS, left- or right-padded, give the logits of the row alone;
+`model.generate` (cached or not, greedy or sampling, batch of left-padded prompts) draws the bytes
+`learntok.generate` draws; lm-evaluation-harness's stock `hf` model scores every item as learntok's
+adapter does."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+import learntok  # noqa: E402
+import learntok.hf  # noqa: E402,F401  (registers the classes)
+from learntok.data.batch import BOS, EOS, PAD  # noqa: E402
+from learntok.eval.scorer import UNetScorer, boundary_uniforms  # noqa: E402
+from learntok.model.unet import ByteUNet  # noqa: E402
+
+from conftest import tiny_config  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TEXTS = ["Hello, wörld! ", "Hi", "The quick brown fox jumps over the lazy dog."]
+
+
+def tiny_unet(name: str = "learned", seed: int = 0) -> ByteUNet:
+    torch.manual_seed(seed)
+    cfg = tiny_config(name=name)
+    model = ByteUNet(cfg.model, cfg.boundaries).eval()
+    with torch.no_grad():  # a policy far from uniform, so that boundaries depend on the bytes and the draws
+        for p in model.boundaries.parameters():
+            p.normal_(std=1.0)
+    return model
+
+
+@pytest.fixture(scope="module", params=["learned", "whitespace", "uniform"])
+def saved(request, tmp_path_factory) -> tuple[ByteUNet, Path]:
+    unet = tiny_unet(request.param)
+    directory = tmp_path_factory.mktemp(f"hf_{request.param}")
+    learntok.save_pretrained(unet, directory)
+    return unet, directory
+
+
+def encode(text: str) -> torch.Tensor:
+    return torch.tensor([[BOS, *text.encode()]])
+
+
+def test_auto_classes_load_a_saved_directory(saved):
+    unet, directory = saved
+    config = AutoConfig.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert type(config).__name__ == "LearntokConfig" and config.boundaries["name"] == unet.boundaries.cfg.name
+    assert type(model).__name__ == "LearntokForCausalLM" and not model.training
+    assert type(tokenizer).__name__ == "LearntokTokenizer"
+    for a, b in zip(unet.state_dict().values(), model.unet.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_logits_equal_the_unet_with_the_eval_draws(saved):
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    for text in TEXTS:
+        ids = encode(text)
+        ours = UNetScorer(unet, max_len=model.config.max_position_embeddings)  # the eval draws, as in learntok score
+        T = ids.shape[1] if not unet.boundaries.length_dependent else ours.max_len
+        padded = torch.full((1, T), PAD)
+        padded[:, :ids.shape[1]] = ids
+        u = boundary_uniforms(0, T)[None] if unet.boundaries.stochastic else None
+        with torch.no_grad():
+            expected = unet(padded, uniforms=u).logits[:, :ids.shape[1]]
+            got = model(ids).logits
+        assert torch.equal(got, expected)
+
+
+def test_rows_with_padding_or_without_bos_give_the_row_alone(saved):
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    with torch.no_grad():
+        alone = [model(encode(t)).logits[0] for t in TEXTS]  # BOS + the text's bytes
+        for side in ("left", "right"):  # the tokenizer adds no BOS: the model puts it in front
+            tokenizer.padding_side = side
+            batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+            logits = model(**batch).logits
+            for row, mask, ref in zip(logits, batch["attention_mask"].bool(), alone):
+                assert (row[mask] - ref[1:]).abs().max() < 1e-5
+                assert not row[~mask].any()
+        # rows that bring their own BOS, left-padded by hand
+        T = max(len(t.encode()) for t in TEXTS) + 1
+        ids = torch.full((len(TEXTS), T), PAD)
+        mask = torch.zeros((len(TEXTS), T), dtype=torch.long)
+        for r, t in enumerate(TEXTS):
+            ids[r, T - len(t.encode()) - 1:] = encode(t)[0]
+            mask[r, T - len(t.encode()) - 1:] = 1
+        logits = model(ids, attention_mask=mask).logits
+        for row, m, ref in zip(logits, mask.bool(), alone):
+            assert (row[m] - ref).abs().max() < 1e-5
+
+
+def test_labels_give_the_next_byte_cross_entropy(saved):
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    ids = encode(TEXTS[2])
+    with torch.no_grad():
+        out = model(ids, labels=ids)
+    logp = torch.log_softmax(out.logits[0, :-1], -1).gather(1, ids[0, 1:, None])
+    assert math.isclose(float(out.loss), -float(logp.mean()), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0), dict(), dict(temperature=0.8, top_k=20),
+                                      dict(temperature=1.3, top_p=0.9)], ids=["greedy", "plain", "top_k", "top_p"])
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
+def test_generate_draws_the_bytes_of_learntok_generate(saved, settings, use_cache):
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    n = 60
+    ours = learntok.generate(unet, TEXTS[0], max_bytes=n, seed=5, stop_on_eos=True, **settings)
+    hf_settings = dict(do_sample=False) if settings.get("temperature") == 0 else dict(do_sample=True, **{"top_k": 0, **settings})
+    torch.manual_seed(5)
+    prompt = tokenizer(TEXTS[0], return_tensors="pt")
+    out = model.generate(**prompt, max_new_tokens=n, use_cache=use_cache, **hf_settings)
+    new = out[0, prompt["input_ids"].shape[1]:].tolist()
+    if EOS in new:
+        new = new[:new.index(EOS)]
+    assert bytes(new) == ours.data
+    assert len(ours.data) > 10  # not vacuous
+
+
+def test_generate_a_left_padded_batch_row_by_row(saved):
+    """Prompts of different lengths in one batch: each row generates what it generates alone."""
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompts = [TEXTS[0], TEXTS[1], TEXTS[1] + "!"]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    out = model.generate(**batch, max_new_tokens=30, do_sample=False)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    for prompt, text in zip(prompts, texts):
+        alone = learntok.generate(unet, prompt, max_bytes=30, temperature=0)
+        assert text == alone.text
+
+
+def test_tokenizer_is_bytes_with_bos():
+    tokenizer = learntok.hf.LearntokTokenizer()
+    text = "naïve <eos> 日本"
+    ids = tokenizer(text)["input_ids"]
+    assert ids == list(text.encode())  # "<eos>" in a text is its bytes; no BOS (the model adds it)
+    assert tokenizer.decode([BOS, *ids, EOS], skip_special_tokens=True) == text
+    assert tokenizer.decode([BOS, 0xE6, 0x97]) == "<bos>\ufffd"  # a cut character becomes U+FFFD
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (BOS, EOS, PAD)
+    padded = tokenizer(["a", "abc"], padding=True)
+    assert padded["input_ids"][0] == [PAD, PAD, ord("a")] and padded["attention_mask"][0] == [0, 0, 1]
+
+
+def test_trust_remote_code_without_importing_learntok(saved, tmp_path):
+    """A user who never imports learntok: the directory's learntok_hf.py does."""
+    unet, directory = saved
+    script = f"""
+import sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+assert "learntok" not in sys.modules
+model = AutoModelForCausalLM.from_pretrained({str(directory)!r}, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained({str(directory)!r}, trust_remote_code=True)
+out = model.generate(**tokenizer({TEXTS[0]!r}, return_tensors="pt"), max_new_tokens=20, do_sample=False)
+sys.stdout.buffer.write(bytes(t for t in out[0].tolist() if t < 256))
+"""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    expected = learntok.generate(unet, TEXTS[0], max_bytes=20, temperature=0)
+    assert proc.stdout == TEXTS[0].encode() + expected.data[:20]
+
+
+def test_saved_config_is_learntok_and_transformers(saved):
+    unet, directory = saved
+    meta = json.loads((directory / "config.json").read_text())
+    assert meta["auto_map"]["AutoModelForCausalLM"] == "learntok_hf.LearntokForCausalLM"
+    assert (meta["bos_token_id"], meta["eos_token_id"], meta["pad_token_id"]) == (BOS, EOS, PAD)
+    again = learntok.from_pretrained(directory)  # learntok's own loader ignores the transformers keys
+    assert again.boundaries.cfg == unet.boundaries.cfg
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    model.save_pretrained(directory / "resaved")
+    assert json.loads((directory / "resaved" / "config.json").read_text())["model"] == meta["model"]
+
+
+# --- lm-evaluation-harness's stock hf model ------------------------------------------------------
+
+def test_lm_eval_hf_matches_the_adapter_per_item(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from test_eval_cli import make_run
+    from test_eval_lm_eval import DOCS, write_tasks
+
+    from lm_eval.api.registry import get_model
+    from lm_eval.evaluator import evaluate
+    from lm_eval.tasks import TaskManager
+
+    import learntok.eval.lm_eval_adapter  # noqa: F401  (registers "learntok")
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (tmp_path / "tasks").mkdir()
+    write_tasks(tmp_path / "tasks", tmp_path)
+    run = make_run(tmp_path / "run")
+    directory = learntok.save_pretrained(learntok.from_pretrained(run), tmp_path / "model")
+    manager = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False)
+    names = ["learntok_piqa", "learntok_rolling"]
+    tasks = manager.load(names) if hasattr(manager, "load") else None
+    max_len = 512  # one window for every document, in both (lm-eval's windows are not learntok's)
+    results = {}
+    for name, args in (("learntok", f"pretrained={run},max_len={max_len}"),
+                       ("hf", f"pretrained={directory},max_length={max_len},trust_remote_code=True")):
+        lm = get_model(name).create_from_arg_string(args, {"batch_size": 4, "device": "cpu"})
+        if tasks is None:
+            from lm_eval.tasks import get_task_dict
+
+            tasks = get_task_dict(names, manager)
+        results[name] = evaluate(lm, tasks, log_samples=True, bootstrap_iters=0)
+    for task in names:
+        ours = sorted(results["learntok"]["samples"][task], key=lambda s: s["doc_id"])
+        theirs = sorted(results["hf"]["samples"][task], key=lambda s: s["doc_id"])
+        assert len(ours) == len(theirs) > 0
+        for a, b in zip(ours, theirs):
+            assert len(a["resps"]) == len(b["resps"])
+            for ra, rb in zip(a["resps"], b["resps"]):
+                if task == "learntok_piqa":
+                    (ll_a, greedy_a), (ll_b, greedy_b) = ra[0], rb[0]
+                    assert greedy_a == greedy_b
+                else:
+                    ll_a, ll_b = ra[0], rb[0]
+                assert math.isclose(ll_a, ll_b, rel_tol=1e-5, abs_tol=1e-5)
+    assert len(DOCS[1].encode()) > 64  # the rolling task holds a document longer than the trained length
+
+
+def test_the_readme_example_runs(saved, tmp_path):
+    """The README's transformers block, on a small saved model in place of models/demo."""
+    import re
+
+    _, directory = saved
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### With transformers and lm-evaluation-harness", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "models/demo" in code
+    namespace = {}
+    exec(code.replace("models/demo", str(directory)).replace("max_new_tokens=100", "max_new_tokens=5"), namespace)
+    assert namespace["out"].shape[0] == 2
+
+
+@pytest.mark.slow
+def test_lm_eval_command_line_with_the_stock_hf_model(tmp_path):
+    """`lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True` on a local task."""
+    pytest.importorskip("lm_eval")
+    from test_eval_cli import make_run
+    from test_eval_lm_eval import write_tasks
+
+    (tmp_path / "tasks").mkdir()
+    write_tasks(tmp_path / "tasks", tmp_path)
+    directory = learntok.save_pretrained(learntok.from_pretrained(make_run(tmp_path / "run")), tmp_path / "model")
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={directory},trust_remote_code=True",
+         "--device", "cpu", "--tasks", "learntok_piqa", "--include_path", str(tmp_path / "tasks"),
+         "--output_path", str(tmp_path / "out")],
+        check=False, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "learntok_piqa" in proc.stdout
