@@ -1,7 +1,13 @@
-"""Generation speed with and without key/value caches.
+"""Generation speed with and without key/value caches, and beside a training step.
 
     python benchmarks/generate.py                       # CPU default size (d=128, 2/2/2), random weights
     python benchmarks/generate.py --checkpoint runs/demo --bytes 1000
+    python benchmarks/generate.py --checkpoint runs/demo --batch-sizes 1,16 --thread-counts 1,2
+
+`--batch-sizes` prints, for each torch thread count, cached generation's bytes/s at each batch size
+(B prompts of one length, generated as one batch: the aggregate over the rows) beside the bytes/s of a
+training step of the same model (forward, backward and AdamW on the run's batch shape, as
+`benchmarks/throughput.py` times it), measured in the same process one after the other.
 
 Three ways to produce the same bytes (same seed, same boundary draws; the script checks they agree):
   cached          prefill the prompt, then one `ByteUNet.step` per byte: O(window + tokens) per byte
@@ -23,6 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # throughput.py, for --batch-sizes
 
 import torch  # noqa: E402
 
@@ -46,18 +53,22 @@ def main() -> int:
                         "0: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-padded", action="store_true", help="leave out the slowest row")
+    p.add_argument("--batch-sizes", default="", help="comma-separated: the side-by-side table instead (see above)")
+    p.add_argument("--thread-counts", default="1", help="comma-separated torch thread counts for --batch-sizes")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     if args.checkpoint:
         model = from_pretrained(args.checkpoint)
-        what = args.checkpoint
+        what, cfg = args.checkpoint, model.info.config
     else:
         cfg = load_config("cpu_default", [f"boundaries.name={args.strategy}"] if args.strategy else [])
         torch.manual_seed(0)
         model = ByteUNet(cfg.model, cfg.boundaries).eval()
         what = "random weights"
+    if args.batch_sizes:
+        return side_by_side(model, cfg, what, args)
     c = model.cfg
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {what}; d={c.d_model}, {c.n_down_layers}/{c.n_mid_layers}/{c.n_up_layers} layers, window {c.window}, "
@@ -91,6 +102,32 @@ def main() -> int:
             continue
         same = g.data == reference.data and g.boundaries == reference.boundaries
         print(f"same bytes and boundaries as cached ({name}): {'yes' if same else 'NO'}")
+    return 0
+
+
+def side_by_side(model, cfg, what: str, args) -> int:
+    """Cached generation at each batch size beside a training step, per thread count."""
+    from throughput import Run, measure
+
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    print(f"model: {what}; {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+          f"{model.boundaries.name} boundaries; {args.bytes} bytes per row after a {len(args.prompt.encode())}-byte prompt; "
+          f"training step: {cfg.train.batch_size} x {cfg.train.seq_len} bytes")
+    header = f"{'threads':>7} {'train step bytes/s':>19}" + "".join(f" {f'gen B={b} bytes/s':>17} {'/ train':>8}" for b in sizes)
+    print(header)
+    for threads in (int(t) for t in args.thread_counts.split(",")):
+        torch.set_num_threads(threads)
+        (train,) = measure([Run(cfg, torch.device("cpu"), bf16=False, compile_model=False)], steps=5, warmup=2)
+        row = f"{threads:>7} {train['bytes_s']:>19.0f}"
+        for b in sizes:
+            # B prompts of the prompt's length (distinct bytes, one cache group): every row steps together
+            prompts = [args.prompt[:-1] + chr(33 + i % 90) for i in range(b)]
+            generate(model, prompts, max_bytes=8, seed=args.seed, stop_on_eos=False, threads=None)  # warm up
+            t0 = time.perf_counter()
+            generate(model, prompts, max_bytes=args.bytes, seed=args.seed, stop_on_eos=False, threads=None)
+            rate = b * args.bytes / (time.perf_counter() - t0)
+            row += f" {rate:>17.0f} {rate / train['bytes_s']:>8.3f}"
+        print(row)
     return 0
 
 

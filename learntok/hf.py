@@ -31,8 +31,8 @@ objective with its policy gradient).
 **Rows.** Each row is what a tool gives: with or without BOS (BOS is put in front when missing, and
 the logits of the given positions are returned), left- or right-padded (``attention_mask``).
 
-**Generation** uses the U-Net's own caches (:class:`LearntokCache`: byte-level sliding windows, the
-token level, the strategy's state; rows whose prompts have the same length share one batched cache).
+**Generation** uses the U-Net's own caches, as `learntok.generate` does (:class:`LearntokCache` holds
+its `generation.CachedRows`: rows whose prompts have the same length step as one batch).
 Greedy and sampling are supported; bytes are drawn by transformers' own processors and
 ``torch.multinomial``, which `learntok.generate` reproduces: after ``torch.manual_seed(seed)``,
 ``model.generate(..., do_sample=True, top_k=0)`` draws the bytes ``learntok.generate(unet, prompt,
@@ -56,7 +56,8 @@ from . import hub
 from .config import from_dict
 from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .eval.scorer import boundary_uniforms
-from .model.unet import ByteUNet, InferenceCache
+from .generation import CachedRows
+from .model.unet import ByteUNet
 
 __all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokTokenizer"]
 
@@ -94,16 +95,15 @@ class LearntokConfig(PretrainedConfig):
 
 
 class LearntokCache:
-    """The U-Net's inference caches for `generate`, one `InferenceCache` per prompt length (rows of a
-    left-padded batch whose prompts differ in length step apart; rows of equal length together).
-    ``seen``: the columns of ``input_ids`` consumed so far."""
+    """What `generate` carries between calls of `forward`: the rows' `generation.CachedRows` (the U-Net's
+    byte-level windows, token level and strategy state, rows of one prompt length stepping together),
+    made on the first call, and ``seen``, the columns of ``input_ids`` fed so far."""
 
     is_compileable = False
 
     def __init__(self, max_length: int | None = None):
         self.max_length = max_length  # columns of input_ids generation will reach, when known
-        self.groups: list[tuple[torch.Tensor, InferenceCache]] = []  # (row indices, their caches)
-        self.uniforms: torch.Tensor | None = None  # (positions,) the boundary draws
+        self.rows: CachedRows | None = None
         self.seen = 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -222,39 +222,22 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _generation_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                          cache: LearntokCache) -> torch.Tensor:
-        """Feed the columns of `input_ids` the cache has not seen: the prompt (prefill per prompt length)
-        or the bytes generated since. Returns the logits after the last column, (B, 1, V)."""
+        """Feed the columns of `input_ids` the cache has not seen: the prompts on the first call, the
+        bytes generated since on later ones. Returns the logits after the last column, (B, 1, V)."""
         if self.unet.draws > 1:
             raise NotImplementedError("learntok: generation runs in eval mode; call model.eval()")
-        B = input_ids.shape[0]
-        logits = torch.zeros(B, 1, VOCAB_SIZE, device=input_ids.device)
-        if not cache.groups:
+        if cache.rows is None:
             mask, offset = self._real(input_ids, attention_mask)
-            lengths = mask.sum(1) + offset  # internal prompt length per row
-            # room for the bytes to come: as learntok generate allocates it (`uniform` spreads its pattern over it)
+            rows = [torch.cat([input_ids.new_tensor([BOS] * int(o)), ids[m]]) for ids, m, o in zip(input_ids, mask, offset)]
+            # room for the bytes to come, as learntok generate allocates it (`uniform` spreads its pattern over it)
             new = cache.max_length - input_ids.shape[1] if cache.max_length else self.config.max_position_embeddings
-            cache.uniforms = boundary_uniforms(self.config.boundary_seed, int(lengths.max()) + new).to(input_ids.device)
-            for n in sorted(set(lengths.tolist())):
-                rows = (lengths == n).nonzero()[:, 0]
-                prompt = torch.stack([torch.cat([input_ids.new_tensor([BOS] * int(offset[r])), input_ids[r][mask[r]]])
-                                      for r in rows.tolist()])  # (rows, n)
-                group = self.unet.allocate_inference_cache(len(rows), n + new)
-                first = self.unet.prefill(prompt, group, uniforms=self._stream(cache, len(rows), 0, n))
-                logits[rows] = first.logits[:, -1:]
-                cache.groups.append((rows, group))
+            uniforms = boundary_uniforms(self.config.boundary_seed, max(len(r) for r in rows) + new)
+            cache.rows = CachedRows(self.unet, rows, new, uniforms.to(input_ids.device))
         else:
             for column in range(cache.seen, input_ids.shape[1]):
-                for rows, group in cache.groups:
-                    j = group.position
-                    st = self.unet.step(input_ids[rows, column], group, uniforms=self._stream(cache, len(rows), j, j + 1)[:, 0])
-                    logits[rows] = st.logits
+                cache.rows.append(input_ids[:, column])
         cache.seen = input_ids.shape[1]
-        return logits
-
-    @staticmethod
-    def _stream(cache: LearntokCache, rows: int, start: int, end: int) -> torch.Tensor:
-        """The boundary draws of positions start .. end - 1, (rows, end - start)."""
-        return cache.uniforms[start:end].expand(rows, end - start)
+        return cache.rows.logits[:, None].clone()
 
     # --- generate's hooks ------------------------------------------------------------------------
 

@@ -155,7 +155,20 @@ def test_generate_a_left_padded_batch_row_by_row(saved):
         assert text == alone.text
 
 
-def test_tokenizer_is_bytes_with_bos():
+def test_sampling_a_left_padded_batch_draws_what_learntok_draws(saved):
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompts = [TEXTS[0], TEXTS[1], TEXTS[1] + "!", TEXTS[2]]
+    ours = learntok.generate(unet, prompts, max_bytes=30, seed=11, temperature=0.9)
+    torch.manual_seed(11)
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    out = model.generate(**batch, max_new_tokens=30, do_sample=True, top_k=0, temperature=0.9)
+    for row, gen in zip(out[:, batch["input_ids"].shape[1]:].tolist(), ours):
+        assert bytes(row[:row.index(EOS)] if EOS in row else row) == gen.data
+
+
+def test_tokenizer_is_bytes():
     tokenizer = learntok.hf.LearntokTokenizer()
     text = "naïve <eos> 日本"
     ids = tokenizer(text)["input_ids"]
