@@ -101,6 +101,38 @@ def test_prefill_and_steps_match_forward_per_row(name, extra, training):
         assert (probs - ref.boundaries.probs[:, :T]).abs().max() < 1e-5
 
 
+def test_learned_prefill_decides_the_prompt_in_one_pass(monkeypatch):
+    """The learned policy's prompt goes through its batched scan, not `step`, and leaves the history
+    `step` would have left: the bytes after it are those of a prefill done byte by byte."""
+    model = make_model("learned", lags=8)
+    x = random_inputs(2, 40, seed=4)
+    u = torch.rand(2, 48, generator=torch.Generator().manual_seed(5))
+
+    def continue_after(prefill_in_one_pass: bool):
+        if not prefill_in_one_pass:
+            monkeypatch.setattr(type(model.boundaries), "prefill", lambda self, inp, cache: None)
+        cache = model.allocate_inference_cache(2, 48)
+        with torch.no_grad():
+            first = model.prefill(x[:, :32], cache, uniforms=u[:, :32])
+            steps = [model.step(x[:, j], cache, uniforms=u[:, j]) for j in range(32, 40)]
+        monkeypatch.undo()
+        return first, steps, cache.boundaries.clone()
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("step called during prefill")
+
+    with monkeypatch.context() as m:
+        m.setattr(type(model.boundaries), "step", no_step)
+        cache = model.allocate_inference_cache(2, 48)
+        with torch.no_grad():
+            model.prefill(x[:, :32], cache, uniforms=u[:, :32])
+    batched, looped = continue_after(True), continue_after(False)
+    assert torch.equal(batched[0].a, looped[0].a) and (batched[0].logits - looped[0].logits).abs().max() < 1e-5
+    assert torch.equal(batched[2], looped[2])  # the same history after the prompt and the steps
+    for s1, s2 in zip(batched[1], looped[1]):
+        assert torch.equal(s1.a, s2.a) and (s1.logits - s2.logits).abs().max() < 1e-5
+
+
 def test_step_past_the_cache_is_an_error():
     model = make_model("uniform")
     cache = model.allocate_inference_cache(1, 3)

@@ -176,7 +176,8 @@ class BoundaryStrategy(nn.Module):
     # --- incremental inference (generation) ------------------------------------------------------
     # The U-Net calls, for each new byte j: `step` (decide a_j from X_j and the strategy's own state),
     # `pool_step` (the vector that enters the token level if a_j), then, after the token level,
-    # `unpool_step` (byte j's decoder input from X_j and the output of the latest token, c(j)).
+    # `unpool_step` (byte j's decoder input from X_j and the output of the latest token, c(j)). For a
+    # prompt it calls `prefill` first, and steps byte by byte only where that returns None.
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> object:
         """The state `step` keeps between bytes for `batch_size` rows of at most `max_len` positions (BOS
@@ -188,6 +189,12 @@ class BoundaryStrategy(nn.Module):
         """Decide a_j for one new byte j (the decision `forward` makes at j given the same history and
         the same uniform), and update `cache`."""
         raise NotImplementedError(f"boundary strategy {self.name!r} does not support incremental generation yet")
+
+    def prefill(self, inp: BoundaryInput, cache: object) -> Boundaries | None:
+        """A prompt's decisions in one batched pass (what `forward` decides) that leave `cache` as `step`
+        would have left it after the prompt; None (the default): no such path, the U-Net calls `step`
+        byte by byte. Used only while `pool_step` and `unpool_step` are the defaults."""
+        return None
 
     def pool_step(self, hidden: torch.Tensor, bnd: BoundaryStep, cache: object) -> torch.Tensor:
         """The token-level input made at byte j, (B, C); read only in rows where `bnd.a`. Called at every

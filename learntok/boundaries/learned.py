@@ -89,6 +89,13 @@ class LearnedPolicy(BoundaryStrategy):
         """The last w decisions, (B, w) bool: [:, j - 1] = a_{i-j}."""
         return torch.zeros(batch_size, self.lags, dtype=torch.bool, device=device)
 
+    def prefill(self, inp: BoundaryInput, history: torch.Tensor) -> Boundaries:
+        """The prompt through `forward` (the compiled scan), then its last w decisions into the history."""
+        bnd = self(inp)
+        n = min(self.lags, bnd.a.shape[1])
+        history[:, :n] = bnd.a[:, bnd.a.shape[1] - n:].flip(1)  # newest first, as `step` keeps them
+        return bnd
+
     def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
         base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)
         cap = self.cfg.softcap if self.training else None

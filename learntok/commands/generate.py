@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", "-t", type=float, default=1.0, help="0 is greedy (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely bytes")
     p.add_argument("--top-p", type=float, default=None, help="sample only among the bytes of the top p probability")
-    p.add_argument("--seed", type=int, default=None, help="makes bytes and boundaries reproducible")
+    p.add_argument("--seed", type=int, default=None,
+                   help="makes the sampled bytes reproducible (boundaries are drawn as `learntok score` draws them)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early at end-of-sequence")
     p.add_argument("--no-cache", action="store_true", help="recompute a full forward pass per byte (slow; to compare)")
     p.add_argument("--show-boundaries", action="store_true",

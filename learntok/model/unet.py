@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..boundaries import Boundaries, BoundaryInput, LossInputs, build_strategy
-from ..boundaries.base import BoundaryStepInput
+from ..boundaries.base import BoundaryStepInput, BoundaryStrategy
 from ..config import BoundaryConfig, ModelConfig
 from ..data.batch import PAD, VOCAB_SIZE, Batch
 from ..objectives import LN2, masked_mean
@@ -212,8 +212,9 @@ class ByteUNet(nn.Module):
     def prefill(self, inputs: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
                 generator: torch.Generator | None = None) -> StepOutput:
         """`forward` over a prompt (B, T) starting with BOS that fills an empty `cache`. The byte and
-        token levels run batched; the strategy decides byte by byte through `step`, so that generation
-        continues from exactly its state. `uniforms`: (B, T), as in `forward`."""
+        token levels run batched; the strategy decides in one batched pass where it has one
+        (`BoundaryStrategy.prefill`), else byte by byte through `step`, so that generation continues from
+        exactly its state. `uniforms`: (B, T), as in `forward`."""
         B, T = inputs.shape
         if cache.position != 0 or T > cache.max_len:
             raise ValueError(f"prefill needs an empty cache with room for {T} positions (has {cache.max_len})")
@@ -221,23 +222,36 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C)
         hidden = self.encoder.prefill(x, positions, cache.encoder)  # X (B, T, C)
         early_logits = self.early_head(hidden)
-        steps, pooled = [], []
-        for j in range(T):
-            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], j, generator, uniforms,
-                                                       early_logits[:, j], column=j), cache.boundaries)
-            steps.append(st)
-            pooled.append(self.boundaries.pool_step(hidden[:, j], st, cache.boundaries))
-        a = torch.stack([st.a for st in steps], dim=1)  # (B, T)
+        strategy = type(self.boundaries)
+        bnd = None
+        if strategy.pool_step is BoundaryStrategy.pool_step and strategy.unpool_step is BoundaryStrategy.unpool_step:
+            forced = torch.zeros_like(inputs, dtype=torch.bool)
+            forced[:, 0] = True
+            bnd = self.boundaries.prefill(BoundaryInput(hidden, inputs, inputs != PAD, forced, None, generator, uniforms,
+                                                        early_logits), cache.boundaries)
+        if bnd is not None:  # the default pooling: X at the boundaries in, X_j + Y'_{c(j)} out
+            a, probs, pooled = bnd.a, bnd.probs, hidden
+        else:
+            steps, pooled = [], []
+            for j in range(T):
+                st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], j, generator, uniforms,
+                                                           early_logits[:, j], column=j), cache.boundaries)
+                steps.append(st)
+                pooled.append(self.boundaries.pool_step(hidden[:, j], st, cache.boundaries))
+            a, pooled = torch.stack([st.a for st in steps], dim=1), torch.stack(pooled, dim=1)  # (B, T), (B, T, C)
+            probs = None if steps[0].probs is None else torch.stack([st.probs for st in steps], dim=1)
         tok_pos, tok_valid, _ = resample.boundary_positions(a)  # (B, M)
-        tokens = resample.downsample(torch.stack(pooled, dim=1), tok_pos)  # (B, M, C)
+        tokens = resample.downsample(pooled, tok_pos)  # (B, M, C)
         tokens = self.mid.prefill(tokens, tok_pos, cache.mid, lengths=tok_valid.sum(1))
         per_byte = resample.upsample(torch.zeros_like(hidden), tokens, resample.token_index(a))  # (B, T, C): Y'_{c(j)}
-        y = torch.stack([self.boundaries.unpool_step(hidden[:, j], per_byte[:, j], st, cache.boundaries)
-                         for j, st in enumerate(steps)], dim=1)  # (B, T, C)
+        if bnd is not None:
+            y = hidden + per_byte
+        else:
+            y = torch.stack([self.boundaries.unpool_step(hidden[:, j], per_byte[:, j], st, cache.boundaries)
+                             for j, st in enumerate(steps)], dim=1)  # (B, T, C)
         y = self.decoder.prefill(y, positions, cache.decoder)
         cache.token = per_byte[:, -1]
         cache.position = T
-        probs = None if steps[0].probs is None else torch.stack([st.probs for st in steps], dim=1)
         return StepOutput(self.head(y), a, probs)
 
     def step(self, byte: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
