@@ -67,6 +67,7 @@ class Sizes:
     steps: int = 10
     warmup: int = 5
     gen_bytes: int = 256
+    gen_batch: int = 64  # rows generated together for the batched figure
     fsdp_overrides: tuple = ("train.batch_size=8", "train.micro_batches=1", "train.precision=bf16",
                              "train.training_bytes=65536", "train.warmup_bytes=32768")
     learn_config: str = "paper_aspect_n4"
@@ -87,7 +88,7 @@ class Sizes:
                 "model.n_up_layers=1", "model.window=8", "train.seq_len=128", "train.device=cpu")
         return Sizes(scan=(4, 256, 8), scan_repeats=2, model_config="cpu_default",
                      model_overrides=tiny + ("train.batch_size=2", "train.micro_batches=1"), bf16=False, attention="blocked",
-                     compile_backend="aot_eager", steps=2, warmup=1, gen_bytes=12,
+                     compile_backend="aot_eager", steps=2, warmup=1, gen_bytes=12, gen_batch=4,
                      fsdp_overrides=tiny + ("train.batch_size=2", "train.training_bytes=512", "train.warmup_bytes=256"),
                      learn_config="cpu_default",
                      learn_overrides=tiny + ("train.batch_size=4", "train.micro_batches=2", "data.mode=packed",
@@ -308,7 +309,8 @@ def profile_table(run, device: torch.device, steps: int = 3) -> str:
 
 def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     """Cached generation (prefill, then one step per byte) against a full forward pass per byte over the
-    prefix (exact for `learned`, whose boundaries look only backwards); random weights, fp32."""
+    prefix (exact for `learned`, whose boundaries look only backwards), and cached generation of
+    `gen_batch` prompts of one length as one batch (aggregate bytes/s); random weights, fp32."""
     from learntok.config import load_config
     from learntok.generation import generate
     from learntok.model.unet import ByteUNet
@@ -317,23 +319,25 @@ def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> d
     torch.manual_seed(0)
     model = ByteUNet(cfg.model, cfg.boundaries).to(device).eval()
 
-    def timed_generation(n: int, **kw):
-        generate(model, "The ", max_bytes=4, seed=0, stop_on_eos=False, threads=None, **kw)  # warm-up
+    def timed_generation(n: int, prompt="The ", **kw):
+        generate(model, prompt, max_bytes=4, seed=0, stop_on_eos=False, threads=None, **kw)  # warm-up
         sync(device)
         start = time.perf_counter()
-        g = generate(model, "The ", max_bytes=n, seed=0, stop_on_eos=False, threads=None, **kw)
+        g = generate(model, prompt, max_bytes=n, seed=0, stop_on_eos=False, threads=None, **kw)
         sync(device)
         return g, time.perf_counter() - start
 
-    n = sizes.gen_bytes
+    n, rows = sizes.gen_bytes, sizes.gen_batch
     cached, t_cached = timed_generation(n)
     full, t_full = timed_generation(n, use_cache=False, pad_uncached=False)
+    _, t_batch = timed_generation(n, prompt=[f"The{chr(33 + i % 90)}" for i in range(rows)])
     same = cached.data == full.data and cached.boundaries == full.boundaries
     result = {"config": sizes.model_config, "bytes": n, "batch": 1, "precision": "fp32",
               "cached_bytes_s": n / t_cached, "full_forward_bytes_s": n / t_full, "speedup": t_full / t_cached,
-              "same_bytes_and_boundaries": same}
+              "batched_rows": rows, "batched_bytes_s": rows * n / t_batch, "same_bytes_and_boundaries": same}
     say(f"generation, {n} bytes: cached {n / t_cached:,.1f} bytes/s, full forward per byte {n / t_full:,.1f} bytes/s "
-        f"({t_full / t_cached:.1f}x); same bytes and boundaries: {same}")
+        f"({t_full / t_cached:.1f}x), {rows} rows at once {rows * n / t_batch:,.1f} bytes/s in all; "
+        f"same bytes and boundaries: {same}")
     if not same:
         result["error"] = "cached generation differs from a full forward pass per byte"
     return result
@@ -550,7 +554,8 @@ def render_figures(fig: dict) -> list[str]:
     if "cached_bytes_s" in gen:
         out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "
                 f"{gen['cached_bytes_s']:,.1f} bytes/s, a full forward pass per byte {gen['full_forward_bytes_s']:,.1f} bytes/s "
-                f"({gen['speedup']:.1f}x); same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
+                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {gen['batched_bytes_s']:,.1f} bytes/s in all; "
+                f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
         steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))

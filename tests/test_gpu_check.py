@@ -31,7 +31,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
     assert [r["run"] for r in figures["throughput"]["rows"]][:2] == ["learned, compiled, blocked", "uniform, compiled, blocked"]
     assert "aten::" in figures["throughput"]["profile"]  # the profiler table a missed target gets
-    assert figures["generation"]["same_bytes_and_boundaries"] is True
+    assert figures["generation"]["same_bytes_and_boundaries"] is True and figures["generation"]["batched_bytes_s"] > 0
     assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
     uniform, learned = parts["learn_uniform"]["result"], parts["learn_learned"]["result"]
     # the learned run stops at the first step that reaches the uniform run's FLOPs
