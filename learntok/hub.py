@@ -15,7 +15,7 @@ config.json also carries the keys transformers reads (`architectures`, `auto_map
 ids), so the same directory loads with `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`.
 
     model = from_pretrained("runs/demo")       # a training run (its newest checkpoint)
-    save_pretrained(model, "models/demo")       # -> config.json, model.safetensors, README.md
+    save_pretrained(model, "models/demo")       # -> config.json, model.safetensors, README.md, ...
     model = from_pretrained("models/demo")     # or "owner/name" on the Hub
     push_to_hub(model, "owner/name")
 
