@@ -192,36 +192,38 @@ class CachedRows:
         self.model, self.uniforms = model, uniforms
         device = rows[0].device
         lengths = torch.tensor([len(r) for r in rows])
-        self.groups = []  # (row indices, InferenceCache)
+        self.groups = []  # (row indices, InferenceCache, [(b, t) boundary blocks], [(b, t) probability blocks])
         self.logits = torch.zeros(len(rows), VOCAB_SIZE, device=device)
-        self._a: list[list[torch.Tensor]] = [[] for _ in rows]  # per row, (n,) blocks of boundaries
-        self._probs: list[list[torch.Tensor]] = [[] for _ in rows]
         for n in sorted(set(lengths.tolist())):
             index = (lengths == n).nonzero()[:, 0].tolist()
             cache = model.allocate_inference_cache(len(index), n + new)
             first = model.prefill(torch.stack([rows[i] for i in index]), cache, uniforms=uniforms[:n].expand(len(index), n))
             self.logits[index] = first.logits[:, -1]
-            self._record(index, first)
-            self.groups.append((torch.tensor(index, device=device), cache))
-
-    def _record(self, index: list[int], out) -> None:
-        probs = out.probs if out.probs is not None else out.a.float()
-        for k, i in enumerate(index):
-            self._a[i].append(out.a[k])
-            self._probs[i].append(probs[k])
+            self.groups.append((torch.tensor(index, device=device), cache, [first.a], [_probs(first)]))
 
     def append(self, byte: torch.Tensor) -> torch.Tensor:
         """Feed one byte per row, (B,); returns the next logits (B, V)."""
-        for index, cache in self.groups:
+        for index, cache, a, probs in self.groups:
             j = cache.position
             st = self.model.step(byte[index], cache, uniforms=self.uniforms[j].expand(len(index)))
             self.logits[index] = st.logits[:, -1]
-            self._record(index.tolist(), st)
+            a.append(st.a)
+            probs.append(_probs(st))
         return self.logits
 
     def boundaries(self, row: int, length: int | None = None) -> tuple[list[bool], list[float]]:
         """Row `row`'s boundary decisions and probabilities at its first `length` positions."""
-        return torch.cat(self._a[row])[:length].tolist(), torch.cat(self._probs[row])[:length].tolist()
+        for index, _, a, probs in self.groups:
+            k = (index == row).nonzero()
+            if len(k):
+                k = int(k[0, 0])
+                return torch.cat(a, 1)[k, :length].tolist(), torch.cat(probs, 1)[k, :length].tolist()
+        raise IndexError(f"no row {row}")
+
+
+def _probs(out) -> torch.Tensor:
+    """P(boundary) of a prefill's or a step's decisions; the decisions themselves for a strategy without one."""
+    return out.probs if out.probs is not None else out.a.float()
 
 
 class _FullRun:
@@ -246,9 +248,7 @@ class _FullRun:
         return self._forward()
 
     def boundaries(self, row: int, length: int | None = None) -> tuple[list[bool], list[float]]:
-        bnd = self.out.boundaries
-        probs = bnd.probs if bnd.probs is not None else bnd.a.float()
-        return bnd.a[row, :length].tolist(), probs[row, :length].tolist()
+        return self.out.boundaries.a[row, :length].tolist(), _probs(self.out.boundaries)[row, :length].tolist()
 
 
 # --- scoring -------------------------------------------------------------------------------------

@@ -97,7 +97,13 @@ def draw_seed(seed: int, sample: int) -> int:
 def boundary_uniforms(seed: int, length: int, sample: int = 0) -> torch.Tensor:
     """The random numbers of sampled boundaries at positions 0 .. length - 1 of any row, (length,) on
     the CPU: the same stream for every row, and its first k numbers the same for every length >= k."""
-    return torch.rand(length, generator=torch.Generator().manual_seed(draw_seed(seed, sample)))
+    return _stream(draw_seed(seed, sample), length)
+
+
+def _stream(generator_seed: int, length: int) -> torch.Tensor:
+    """`length` uniforms of a CPU generator seeded with `generator_seed`: one serial stream, so a longer
+    draw starts with a shorter one."""
+    return torch.rand(length, generator=torch.Generator().manual_seed(generator_seed))
 
 
 def _derived_seed(seed: int, sample: int, window: int) -> int:
@@ -253,9 +259,10 @@ class UNetScorer:
         if const is not None:
             u.fill_(const)
             return u.to(self.device)
+        streams = {seed: _stream(seed, T) for seed in {row.seed for row in rows}}  # rows mostly share one
         for r, row in enumerate(rows):
             n = len(row.data)  # input positions of this row: BOS + data[:-1]
-            u[r, :n] = torch.rand(n, generator=torch.Generator().manual_seed(row.seed))
+            u[r, :n] = streams[row.seed][:n]
         return u.to(self.device)
 
     # --- scoring -----------------------------------------------------------------------------------
