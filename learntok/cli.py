@@ -1,4 +1,7 @@
-"""The `learntok` command line. Each subcommand lives in `learntok/commands/<name>.py` and provides
+"""The `learntok` command line.
+
+Each subcommand lives in `learntok/commands/<name>_command.py` (named apart from the package it drives:
+`eval_command` runs `learntok.eval`) and provides
 `add_arguments(parser)` and `run(args) -> int`; modules are imported only when their command runs so
 that `learntok --help` stays fast."""
 
@@ -21,24 +24,24 @@ COMMANDS = {
 }
 
 
+def _command(name: str):
+    return importlib.import_module(f"learntok.commands.{name}_command")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="learntok", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    available = {}
-    for name, help_text in COMMANDS.items():
-        if importlib.util.find_spec(f"learntok.commands.{name}") is None:
-            continue  # not implemented yet
-        available[name] = sub.add_parser(name, help=help_text, description=help_text)
+    available = {name: sub.add_parser(name, help=help_text, description=help_text) for name, help_text in COMMANDS.items()}
     argv = sys.argv[1:] if argv is None else argv
     # Only the chosen command's module is imported to add its arguments.
     if argv and argv[0] in available:
-        module = importlib.import_module(f"learntok.commands.{argv[0]}")
+        module = _command(argv[0])
         module.add_arguments(available[argv[0]])
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    module = importlib.import_module(f"learntok.commands.{args.command}")
+    module = _command(args.command)
     return int(module.run(args) or 0)
 
 

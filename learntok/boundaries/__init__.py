@@ -33,6 +33,13 @@ STRATEGIES: dict[str, type[BoundaryStrategy]] = {cls.name: cls for cls in (
     DynamicPooling, HNetChunking)}
 
 
+# the parts `learntok compare` gives strategies by name
+PAPER_POLICY = LearnedPolicy.name  # the strategy whose claims its report judges
+WHITESPACE_RULE = Whitespace.name  # its whitespace precision is the ceiling of the structure claim
+FIXED_RATE = Uniform.name  # --budget-bytes: the FLOPs this strategy spends on N bytes
+BPE = BpeGuidance.name  # the strategy that trains on the BPE track the report compares with
+
+
 def build_strategy(cfg: BoundaryConfig, d_model: int) -> BoundaryStrategy:
     try:
         cls = STRATEGIES[cfg.name]
@@ -50,4 +57,4 @@ def supplied_track(name: str) -> str | None:
     return getattr(cls, "supplied_track", None) or None
 
 
-__all__ = ["STRATEGIES", "Boundaries", "BoundaryInput", "BoundaryStrategy", "LossInputs", "build_strategy", "supplied_track"]
+__all__ = ["BPE", "FIXED_RATE", "PAPER_POLICY", "STRATEGIES", "WHITESPACE_RULE", "Boundaries", "BoundaryInput", "BoundaryStrategy", "LossInputs", "build_strategy", "supplied_track"]

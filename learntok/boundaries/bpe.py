@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.shards import BPE_TRACK
 from .supplied import SuppliedBoundaries
 
 SEGMENTER_FILE = "bpe_tokenizer.json"
@@ -45,10 +46,12 @@ class BpeGuidance(SuppliedBoundaries):
     later bytes of its word, so no byte-by-byte decision gives the boundaries the model trained with."""
 
     name = "bpe"
-    supplied_track = "bpe"
+    supplied_track = BPE_TRACK
     how_to_supply = ("Train on data.source=demo (BPE boundaries are computed at start-up) or on a dataset prepared "
                      "with BPE boundaries: `learntok prepare INPUT --out DIR --bpe-rate 0.2`, or for an existing "
                      "dataset `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`.")
+    without_segmenter = ("this model has no tokenizer to segment new text with (a run from before models carried it: "
+                         "copy the dataset's bpe/tokenizer.json into the checkpoint directory as bpe_tokenizer.json)")
     files = (SEGMENTER_FILE,)
     segmenter = None  # a `learntok.data.bpe.BpeSegmenter`, when the model has its tokenizer
 

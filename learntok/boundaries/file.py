@@ -18,12 +18,13 @@ realised rate is that of the segmentation.
 
 from __future__ import annotations
 
+from ..data.shards import SEGMENTATION_TRACK
 from .supplied import SuppliedBoundaries
 
 
 class FileBoundaries(SuppliedBoundaries):
     name = "file"
-    supplied_track = "file"
+    supplied_track = SEGMENTATION_TRACK
     user_supplied = True
     how_to_supply = ("Prepare the data with a segmentation: `learntok prepare INPUT --out DIR --boundary-field "
                      "FIELD` (JSON Lines) or `--boundary-separator SEP`, and train with data.source=DIR.")

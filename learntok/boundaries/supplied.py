@@ -26,6 +26,8 @@ class SuppliedBoundaries(BoundaryStrategy):
     # Name of the per-byte boundary track in a prepared dataset that the loader must supply.
     supplied_track: str = ""
     how_to_supply: str = ""  # what to do when the data holds no such track (for the error message)
+    # why text that comes without boundaries cannot be scored (for the error message)
+    without_segmenter: str = "scoring text that comes without them is not supported"
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         supplied = inp.supplied if inp.supplied is not None else self.segment(inp.inputs)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..boundaries import STRATEGIES
+from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
 from .run import BpeReference, CompareSettings, RunResult
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
@@ -76,11 +76,11 @@ def bpb_difference(a: list[float], b: list[float]) -> tuple[float, float | None]
     return diff, (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
 
 
-def claims(results: list[RunResult], whitespace_share: float, policy: str = "learned") -> list[dict]:
+def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPER_POLICY) -> list[dict]:
     """What these runs say about the paper's claims on the learned policy, as explicit rules on the numbers:
 
     structure   the policy's whitespace precision, compared with blind placement (the whitespace share
-                of the bytes) and with the `whitespace` strategy's (1.0 when it was not run): whitespace-
+                of the bytes) and with the whitespace rule's (`WHITESPACE_RULE`; 1.0 when it was not run): whitespace-
                 like when it is at least halfway from the first to the second in every seed;
     bpb vs X    held-out bpb difference to strategy X with its standard error over seeds: ahead or behind
                 when the difference exceeds two standard errors, within noise otherwise, not judged with
@@ -95,13 +95,14 @@ def claims(results: list[RunResult], whitespace_share: float, policy: str = "lea
     out = []
     ws = [r.analysis["summary"]["whitespace_precision"] for r in mine]
     ceiling = 1.0
-    if "whitespace" in by_strategy:
-        ceiling = sum(r.analysis["summary"]["whitespace_precision"] for r in by_strategy["whitespace"]) / len(by_strategy["whitespace"])
+    if WHITESPACE_RULE in by_strategy:
+        rule = by_strategy[WHITESPACE_RULE]
+        ceiling = sum(r.analysis["summary"]["whitespace_precision"] for r in rule) / len(rule)
     halfway = whitespace_share + 0.5 * (ceiling - whitespace_share)
     verdict = "whitespace-like" if min(ws) >= halfway else ("above blind placement" if min(ws) > whitespace_share else "not above blind placement")
     out.append({"claim": "structure", "verdict": verdict,
                 "detail": (f"whitespace precision {', '.join(f'{x:.3f}' for x in ws)} (per seed) against blind "
-                           f"placement {whitespace_share:.3f} and the whitespace strategy's {ceiling:.3f} "
+                           f"placement {whitespace_share:.3f} and the {WHITESPACE_RULE} strategy's {ceiling:.3f} "
                            f"(halfway: {halfway:.3f})")})
     bpb = [r.bpb for r in mine]
     for name, runs in by_strategy.items():
@@ -155,7 +156,7 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
         seen.add(r.strategy)
         colour = COLOURS.get(r.strategy, "#bcbd22")
         xs, ys = zip(*r.curve)
-        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6 if r.strategy == "learned" else 1.1, color=colour,
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6 if r.strategy == PAPER_POLICY else 1.1, color=colour,
                 label=f"{r.strategy} ({sum(final_bpb[r.strategy]) / len(final_bpb[r.strategy]):.3f})" if first else None)
         finals.append(ys[-1])
         later = ys[1:] if len(ys) > 2 else ys  # the first point (high above the rest) may leave the frame

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..boundaries import STRATEGIES
+from ..boundaries import BPE, FIXED_RATE, STRATEGIES
 from ..config import RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
@@ -82,8 +82,8 @@ def flops_per_byte(model, batches, seed: int = 0) -> float:
     return flops / max(n, 1)
 
 
-def budget_for_bytes(config: str | None, overrides: list[str], n_bytes: float, strategy: str = "uniform") -> float:
-    """The training FLOPs that `strategy` (default: uniform) needs for `n_bytes` bytes in this config."""
+def budget_for_bytes(config: str | None, overrides: list[str], n_bytes: float, strategy: str = FIXED_RATE) -> float:
+    """The training FLOPs that `strategy` (default: the fixed-rate one) needs for `n_bytes` bytes in this config."""
     cfg = load_config(config, [*overrides, f"boundaries.name={strategy}"])
     data = make_data(cfg)
     return n_bytes * flops_per_byte(build_model(cfg), data.val[:2])
@@ -193,26 +193,28 @@ def _owner(run_dir: Path) -> int | None:
 # --- the BPE reference ---------------------------------------------------------------------------
 
 class BpeReference:
-    """BPE boundaries to compare every strategy with: the dataset's `bpe` track (exactly what the `bpe`
-    strategy trains with) when it has one, else a BPE fitted here to the training data at the target rate
+    """BPE boundaries to compare every strategy with: the dataset's BPE track (exactly what the BPE
+    guidance strategy trains with) when it has one, else a BPE fitted here to the training data at the target rate
     (`learntok.data.bpe.fit_bpe`) and applied to each held-out row. None when `tokenizers` is missing."""
 
     def __init__(self, cfg: RunConfig):
         from ..data.bpe import BpeSegmenter
+        from ..data.shards import track_tokenizer
 
         self.segmenter = None
         self.track_batches = None
         self.description = "none (install tokenizers for BPE agreement)"
         source = Path(cfg.data.source)
         try:
-            if cfg.data.source != "demo" and (source / "bpe" / "tokenizer.json").exists():
-                self.segmenter = BpeSegmenter.load(source / "bpe" / "tokenizer.json")
-                self.description = f"the dataset's BPE ({source / 'bpe' / 'tokenizer.json'})"
+            tokenizer = track_tokenizer(source, STRATEGIES[BPE].supplied_track)
+            if cfg.data.source != "demo" and tokenizer.exists():
+                self.segmenter = BpeSegmenter.load(tokenizer)
+                self.description = f"the dataset's BPE ({tokenizer})"
                 try:
                     bpe_cfg = load_config(None, to_dict(cfg))
-                    bpe_cfg.boundaries.name = "bpe"
+                    bpe_cfg.boundaries.name = BPE
                     self.track_batches = make_data(bpe_cfg).val
-                    self.description += ", its stored `bpe` track (shifted by one byte)"
+                    self.description += ", its stored BPE track (shifted by one byte)"
                 except (ValueError, FileNotFoundError):
                     self.description += " applied to each held-out row, shifted by one byte"
             else:

@@ -298,7 +298,7 @@ def add_bpe_track(path: str | Path, target_rate: float, max_vocab: int = DEFAULT
     """Fit a BPE to the training split of the prepared dataset at `path` (at most `train_bytes` of it),
     save it as `path/bpe/tokenizer.json` and write every document's shifted BPE boundaries as the `bpe`
     track. Returns the track's entry in meta.json (the fit, and the boundary rate of each split)."""
-    from .shards import PreparedDataset, add_track
+    from .shards import BPE_TRACK, PreparedDataset, add_track, track_tokenizer
 
     path = Path(path)
     docs = sample_split_docs(PreparedDataset(path).split("train"), max(train_bytes, sample_bytes))
@@ -306,13 +306,13 @@ def add_bpe_track(path: str | Path, target_rate: float, max_vocab: int = DEFAULT
         raise ValueError(f"{path}: the training split is empty; nothing to fit a BPE to")
     segmenter, fit = fit_bpe(docs, target_rate, max_vocab, sample_bytes, train_bytes)
     del docs
-    folder = path / "bpe"
-    folder.mkdir(exist_ok=True)
-    segmenter.save(folder / ".tokenizer.json.tmp")
-    os.replace(folder / ".tokenizer.json.tmp", folder / "tokenizer.json")
-    info = {**asdict(fit), "shift": 1, "tokenizer": "bpe/tokenizer.json", "pre_tokenizer": "GPT-2 byte-level",
+    tokenizer = track_tokenizer(path, BPE_TRACK)
+    tokenizer.parent.mkdir(exist_ok=True)
+    segmenter.save(tokenizer.with_name(".tokenizer.json.tmp"))
+    os.replace(tokenizer.with_name(".tokenizer.json.tmp"), tokenizer)
+    info = {**asdict(fit), "shift": 1, "tokenizer": str(tokenizer.relative_to(path)), "pre_tokenizer": "GPT-2 byte-level",
             "note": "BPE merges inside a word still depend on later bytes"}
-    return add_track(path, "bpe", lambda batch: segmenter.boundaries(batch, shift=1), info, progress=progress)
+    return add_track(path, BPE_TRACK, lambda batch: segmenter.boundaries(batch, shift=1), info, progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ Two ways to turn documents into sequences of `seq_len` (L) predicted bytes:
   BOS (predicting where a document ends, which crosses into the next document) are PAD, so every loss
   and bits-per-byte stays a per-byte measure.
 
-Supplied boundaries (strategies `bpe` and `file`): with `boundaries="bpe"` the loader also fills
+Supplied boundaries (a strategy's `supplied_track`): with `boundaries=TRACK` the loader also fills
 `Batch.boundaries` (B, L) from that track of the dataset (see `shards.py`), aligned with `inputs`: True
 at every BOS (position 0, separators), the track's bit of document byte j at the input position that
 holds byte j, False at padding. Paper mode: `boundaries[:, 1 + j] = track[j]`.
@@ -307,7 +307,7 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
     this rank, and a fixed list of up to `cfg.train.eval_batches` validation batches (the first
     sequences of the `val` split, the same on every rank). Returns `DataSources`."""
     from ..boundaries import STRATEGIES, supplied_track
-    from .shards import read_meta
+    from .shards import describe_track, read_meta, track_tokenizer
 
     t, path, mode = cfg.train, Path(cfg.data.source), cfg.data.mode
     strategy = getattr(getattr(cfg, "boundaries", None), "name", None)
@@ -320,9 +320,9 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
                              f"has none. {STRATEGIES[strategy].how_to_supply}")
         track_info = f"; supplied boundaries: {describe_track(track, tracks[track])}"
     segmenter = None
-    if track == "bpe" and (path / "bpe" / "tokenizer.json").exists():  # travels with the model it trains
+    if track is not None and track_tokenizer(path, track).exists():  # travels with the model it trains
         from .bpe import BpeSegmenter
-        segmenter = BpeSegmenter.load(path / "bpe" / "tokenizer.json")
+        segmenter = BpeSegmenter.load(track_tokenizer(path, track))
     train = ShardedBatches(path, t.seq_len, t.batch_size, mode=mode, split="train", seed=t.seed,
                            rank=rank, world_size=world_size, boundaries=track)
     try:
@@ -339,28 +339,20 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
     return DataSources(train, val, description, segmenter)
 
 
-def describe_track(name: str, info: dict[str, Any]) -> str:
-    """One line on how a boundary track was made (from meta.json's "tracks")."""
-    if name == "bpe":
-        reached = "" if info.get("reached", True) else " (target not reachable with this corpus)"
-        return (f"BPE guidance, vocabulary {info.get('vocab_size')}, rate {info.get('rate', float('nan')):.3f} on the "
-                f"training sample for target {info.get('target_rate')}{reached}, shifted by {info.get('shift', 1)}")
-    return f"{name} track, " + ", ".join(f"{k} {v}" for k, v in info.items() if not isinstance(v, (dict, list)))
-
-
 def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
     """The trainer's data from the demo corpus (`data.source: demo`): random training windows and fixed
     held-out windows; for strategies that take boundaries from the data (`bpe`), the BPE boundaries are
     computed here in memory (cached, `learntok.data.bpe.demo_bpe`). Returns `DataSources`."""
     from ..boundaries import STRATEGIES, supplied_track
     from .demo import StreamBatches, build_demo_corpus, stream_eval_batches
+    from .shards import BPE_TRACK
 
     t = cfg.train
     corpus = build_demo_corpus(cfg.data.val_fraction)
     track = supplied_track(cfg.boundaries.name)
     train_bnd = val_bnd = segmenter = None
     extra = ""
-    if track == "bpe":
+    if track == BPE_TRACK:  # the one track the demo corpus can make: in memory, at start-up
         from .bpe import demo_bpe
         fitted = demo_bpe(corpus.train, corpus.val, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
         train_bnd, val_bnd, segmenter = fitted.train, fitted.val, fitted.segmenter

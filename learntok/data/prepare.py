@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .readers import ReadStats, detect_format, iter_documents, iter_segmented_documents
-from .shards import DEFAULT_SHARD_BYTES, DatasetWriter
+from .shards import BPE_TRACK, DEFAULT_SHARD_BYTES, SEGMENTATION_TRACK, DatasetWriter, describe_track
 
 _MASK64 = (1 << 64) - 1
 
@@ -113,7 +113,7 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
     start = time.perf_counter()
     docs = _documents(opts, stats)
     segmented = bool(opts.boundary_field or opts.boundary_separator)
-    with DatasetWriter(opts.out, opts.shard_bytes, opts.overwrite, tracks=("file",) if segmented else ()) as writer, tqdm(
+    with DatasetWriter(opts.out, opts.shard_bytes, opts.overwrite, tracks=(SEGMENTATION_TRACK,) if segmented else ()) as writer, tqdm(
         desc="prepare", unit="B", unit_scale=True, disable=not opts.progress, leave=False
     ) as bar:
         pending = 0  # bytes not yet shown on the bar: updating it per document costs more than the work
@@ -134,12 +134,12 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
         summary = _summary(opts, counts, stats, writer, seconds)
         meta = _meta(opts, counts)
         if segmented:
-            meta["tracks"] = {"file": _file_track_info(opts, writer)}
+            meta["tracks"] = {SEGMENTATION_TRACK: _segmentation_track_info(opts, writer)}
             summary["tracks"] = dict(meta["tracks"])
         writer.commit(meta, summary)
     if opts.bpe_rate is not None:
         from .bpe import add_bpe_track
-        summary.setdefault("tracks", {})["bpe"] = add_bpe_track(
+        summary.setdefault("tracks", {})[BPE_TRACK] = add_bpe_track(
             opts.out, opts.bpe_rate, max_vocab=opts.bpe_max_vocab, train_bytes=opts.bpe_train_bytes,
             progress=opts.progress)
         _write_summary(opts.out, summary)
@@ -169,10 +169,10 @@ def _split_separators(docs, separator: bytes):
         docs.close()
 
 
-def _file_track_info(opts: PrepareOptions, writer: DatasetWriter) -> dict[str, Any]:
+def _segmentation_track_info(opts: PrepareOptions, writer: DatasetWriter) -> dict[str, Any]:
     source = (f"field {opts.boundary_field!r}" if opts.boundary_field
               else f"separator {opts.boundary_separator!r}")
-    rates = {name: round(w.track_ones["file"] / max(1, w.bytes), 5) for name, w in writer.splits.items()}
+    rates = {name: round(w.track_ones[SEGMENTATION_TRACK] / max(1, w.bytes), 5) for name, w in writer.splits.items()}
     return {"source": source, "shift": opts.boundary_shift, "rate_by_split": rates}
 
 
@@ -190,7 +190,7 @@ def _route(writer: DatasetWriter, index: int, doc, opts: PrepareOptions, counts:
     if isinstance(doc, tuple):
         from .bpe import token_ends_to_boundaries
         doc, ends = doc
-        tracks = {"file": token_ends_to_boundaries(np.asarray(ends, dtype=np.int64), len(doc), opts.boundary_shift)}
+        tracks = {SEGMENTATION_TRACK: token_ends_to_boundaries(np.asarray(ends, dtype=np.int64), len(doc), opts.boundary_shift)}
     counts["read"] += 1
     counts["bytes_read"] += len(doc)
     if not doc:
@@ -252,16 +252,6 @@ def _meta(opts: PrepareOptions, counts: dict) -> dict[str, Any]:
     }
 
 
-def format_track(name: str, info: dict[str, Any]) -> str:
-    """One line on a boundary track."""
-    rates = ", ".join(f"{k} {v:.3f}" for k, v in info.get("rate_by_split", {}).items())
-    if name == "bpe":
-        note = "" if info.get("reached", True) else f" (target {info['target_rate']} not reachable: the closest)"
-        return (f"bpe track: vocabulary {info['vocab_size']}, boundary rate {rates}{note}; tokenizer in "
-                f"{info.get('tokenizer')}; BPE merges inside a word still depend on later bytes")
-    return f"{name} track ({info.get('source')}, shift {info.get('shift')}): boundary rate {rates}"
-
-
 def format_summary(s: dict[str, Any]) -> str:
     """The summary as a few human-readable lines."""
     mb = lambda n: f"{n / 1e6:,.2f} MB"
@@ -277,7 +267,7 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["splits"]["val"]["documents"] == 0:
         lines.append("warning: the validation split is empty (raise --val-fraction or add data)")
     for name, info in s.get("tracks", {}).items():
-        lines.append(format_track(name, info))
+        lines.append(describe_track(name, info))
     lines.append(f"{s['seconds']:.2f} s, {s['mb_per_s']:,.1f} MB/s -> {s['out']}")
     return "\n".join(lines)
 

@@ -36,6 +36,9 @@ FORMAT_NAME = "learntok-shards"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 DEFAULT_SHARD_BYTES = 1 << 30  # 1 GiB: few files for a large corpus, each small enough to copy
+# the boundary tracks `learntok prepare` writes; a strategy that trains on one names it (`supplied_track`)
+BPE_TRACK = "bpe"  # shifted BPE token ends (--bpe-rate); the tokenizer sits in DIR/bpe/tokenizer.json
+SEGMENTATION_TRACK = "file"  # the user's own segmentation (--boundary-field, --boundary-separator)
 
 
 class ShardError(RuntimeError):
@@ -439,3 +442,19 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def open_split(path: str | Path, split: str = "train") -> Split:
     """Shortcut: one split of the prepared dataset at `path`."""
     return PreparedDataset(path).split(split)
+
+
+def track_tokenizer(path: str | Path, track: str) -> Path:
+    """Where the tokenizer that made a track is kept (only the BPE track has one)."""
+    return Path(path) / track / "tokenizer.json"
+
+
+def describe_track(name: str, info: dict[str, Any]) -> str:
+    """One line on a boundary track, from its entry in meta.json's "tracks"."""
+    rates = ", ".join(f"{k} {v:.3f}" for k, v in info.get("rate_by_split", {}).items())
+    if name == BPE_TRACK:
+        note = "" if info.get("reached", True) else f" (target {info.get('target_rate')} not reachable: the closest)"
+        return (f"{name} track: BPE guidance, vocabulary {info.get('vocab_size')}, boundary rate {rates}{note}, shifted "
+                f"by {info.get('shift', 1)}; tokenizer in {info.get('tokenizer')}; BPE merges inside a word still "
+                f"depend on later bytes")
+    return f"{name} track ({info.get('source')}, shift {info.get('shift')}): boundary rate {rates}"

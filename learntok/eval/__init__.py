@@ -7,6 +7,6 @@
     report.py          the paper's Table 1 as Markdown and JSON
     lm_eval_adapter.py the `learntok` model for lm-evaluation-harness (optional extra `eval`)
 
-`learntok eval` (learntok/commands/eval.py) ties them together. Nothing here imports lm-eval except
+`learntok eval` (learntok/commands/eval_command.py) ties them together. Nothing here imports lm-eval except
 `lm_eval_adapter`.
 """

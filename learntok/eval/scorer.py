@@ -167,11 +167,8 @@ class UNetScorer:
         strategy = model.boundaries
         self.strategy = getattr(strategy, "name", type(strategy).__name__)
         if not strategy.can_segment:
-            what = ("this model has no tokenizer to segment new text with (a run from before models carried it: copy "
-                    "the dataset's bpe/tokenizer.json into the checkpoint directory as bpe_tokenizer.json)"
-                    if strategy.supplied_track == "bpe" else "scoring text that comes without them is not supported")
             raise ValueError(f"the {self.strategy!r} strategy takes its boundaries from the data "
-                             f"({strategy.supplied_track!r} track); {what}")
+                             f"({strategy.supplied_track!r} track); {strategy.without_segmenter}")
         self.stochastic = bool(getattr(strategy, "stochastic", False))
         if self.stochastic and mode != "sampled" and not strategy.thresholdable:
             raise ValueError(f"boundary mode {mode!r} needs a per-byte boundary probability; the {self.strategy!r} "

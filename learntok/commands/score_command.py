@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .segment import MODEL_HELP, load
+from .segment_command import MODEL_HELP, load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import codecs
 import sys
 import time
 
-from .segment import MODEL_HELP, load
+from .segment_command import MODEL_HELP, load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

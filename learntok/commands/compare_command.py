@@ -61,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..compare import CompareSettings, run_comparison
+    from ..boundaries import FIXED_RATE
     from ..compare.run import budget_for_bytes
     from ..config import ConfigError, load_config
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         flops = args.flops
         if flops is None:
             flops = budget_for_bytes(args.config, args.overrides, args.budget_bytes)
-            print(f"budget: {flops:.4g} training FLOPs (the uniform strategy over {args.budget_bytes:.4g} bytes)")
+            print(f"budget: {flops:.4g} training FLOPs (the {FIXED_RATE} strategy over {args.budget_bytes:.4g} bytes)")
     except (ConfigError, FileNotFoundError, ValueError, OSError) as e:
         print(f"error: {e}")
         return 2

@@ -69,12 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from learntok.data.prepare import PrepareOptions, format_summary, format_track, prepare
+    from learntok.data.prepare import PrepareOptions, format_summary, prepare
     from learntok.data.readers import DataFormatError
     from learntok.data.shards import ShardError
 
     if args.bpe_only:
-        return _bpe_only(args, format_track, ShardError)
+        return _bpe_only(args, ShardError)
     if not args.inputs:
         print("learntok prepare: error: give at least one INPUT (or --bpe-only to add BPE boundaries to --out)",
               file=sys.stderr)
@@ -103,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bpe_only(args: argparse.Namespace, format_track, shard_error) -> int:
+def _bpe_only(args: argparse.Namespace, shard_error) -> int:
     """`--bpe-only`: add (or replace) the `bpe` track of the existing dataset --out."""
     from learntok.data.bpe import add_bpe_track
+    from learntok.data.shards import BPE_TRACK, describe_track
 
     if args.inputs or args.bpe_rate is None:
         print("learntok prepare: error: --bpe-only takes no INPUT and needs --bpe-rate", file=sys.stderr)
@@ -117,7 +118,7 @@ def _bpe_only(args: argparse.Namespace, format_track, shard_error) -> int:
         print(f"learntok prepare: error: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(format_track("bpe", info))
+        print(describe_track(BPE_TRACK, info))
     return 0
 
 
