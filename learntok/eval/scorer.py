@@ -62,10 +62,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..data.batch import BOS, PAD
 from .benchmarks import ContinuationScore
+from .nll import score_rows
 
 __all__ = [
     "BOUNDARY_MODES",
@@ -281,7 +281,6 @@ class UNetScorer:
                     rows.append(_Row(i, k, c + s, len(s), seed))
         return rows
 
-    @torch.inference_mode()
     def _forward(self, rows: list[_Row]) -> list[tuple[float, bool]]:
         """(NLL of the scored bytes, greedy match) per row."""
         T = self.max_len if self.pad_to_max else max(len(r.data) for r in rows)
@@ -297,19 +296,11 @@ class UNetScorer:
             targets[r, :n] = data
             scored[r, n - row.n_scored:n] = True
         inputs, targets, scored = inputs.to(self.device), targets.to(self.device), scored.to(self.device)
-        out = self.model(inputs, uniforms=self._uniforms(rows, T))
-        row = scored.nonzero()[:, 0]  # (N,) the row of each scored position, in order
-        logits = out.logits[scored].float()  # (N, V)
-        gold = targets[scored]  # (N,)
-        logp = F.log_softmax(logits, dim=-1).gather(1, gold[:, None])[:, 0]  # (N,)
-        # index_add_ sums each row's terms in position order, whatever else is in the batch
-        nll = torch.zeros(B, dtype=torch.float64, device=self.device).index_add_(0, row, -logp.double())
-        misses = torch.zeros(B, device=self.device).index_add_(0, row, (logits.argmax(dim=-1) != gold).float())
-        greedy = misses == 0
-        decide = (inputs != PAD) & ~out.forced
-        self._boundaries += int((out.boundaries.a & decide).sum())
+        res = score_rows(self.model, inputs, targets, scored, uniforms=self._uniforms(rows, T))
+        decide = (inputs != PAD) & ~res.forced
+        self._boundaries += int((res.boundaries & decide).sum())
         self._decisions += int(decide.sum())
-        return list(zip(nll.tolist(), greedy.tolist()))
+        return list(zip(res.nll.tolist(), (res.misses == 0).tolist()))
 
     def score(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None = None) -> list[ModelScore]:
         """One :class:`ModelScore` per pair, in order. ``seeds`` (one int per pair) replaces the

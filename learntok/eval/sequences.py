@@ -1,10 +1,12 @@
 """Held-out bits-per-byte of fixed held-out sequences: what a training run reports as `val_bpb`, what
 `learntok compare` and `learntok demo` print. The sequences are cut as training cuts them (`data.mode`,
 `train.seq_len`: in packed mode a sequence may hold several documents), the boundaries are sampled in
-eval mode with fixed seeds, and bpb = total NLL / total predicted bytes / ln 2, pooled over bytes.
+eval mode with fixed seeds, and bpb = total NLL / total predicted bytes / ln 2, pooled over bytes
+(`eval.nll.score_rows`, the pass behind every bpb).
 
-Text that comes as documents (`learntok eval`, `learntok score`) is scored by `learntok.eval.heldout`
-instead: each document on its own, from its start, in overlapping windows of the model's length.
+Text that comes as documents (`learntok eval`, `learntok score`) is cut differently, by
+`learntok.eval.heldout`: each document on its own, from its start, in overlapping windows of the
+model's length.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..data.batch import PAD, Batch, concat_batches, split_rows
+from ..objectives import LN2
+from .nll import score_rows
 
 
 @torch.no_grad()
@@ -49,19 +53,19 @@ def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, de
                 if i % spread_over.world_size != spread_over.rank:
                     continue
             batch = batch.to(device)
-            _, metrics, out = model.loss(batch, gen, uniforms=uniforms)
+            res = _score(model, batch, gen, uniforms)
             real = batch.inputs != PAD
-            sums[2 * s] += metrics["bpb"].double() * metrics["bytes"]
-            sums[2 * s + 1] += metrics["bytes"]
-            sums[-3] += out.boundaries.a[real].sum()
+            sums[2 * s] += res.nll.sum() / LN2
+            sums[2 * s + 1] += batch.valid.sum()
+            sums[-3] += res.boundaries[real].sum()
             sums[-2] += real.sum()
             if s == 0:  # the byte level does not depend on the boundaries
-                sums[-1] += metrics["early_bpb"].double() * metrics["bytes"]
+                sums[-1] += res.early_nll.sum() / LN2
         if spread_over is not None and spread_over.parallel == "fsdp":
             # sharded weights are gathered collectively: every rank runs as many forward passes
             mine = len(range(spread_over.rank, len(pieces), spread_over.world_size))
             for _ in range(-(-len(pieces) // spread_over.world_size) - mine):
-                model.loss(pieces[0].to(device), gen, uniforms=torch.zeros(pieces[0].inputs.shape, device=device))
+                _score(model, pieces[0].to(device), gen, torch.zeros(pieces[0].inputs.shape, device=device))
     if spread_over is not None:
         spread_over.all_reduce(sums)
     values = sums.tolist()
@@ -71,3 +75,8 @@ def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, de
     spread = (sum((x - mean) ** 2 for x in per_sample) / (len(per_sample) - 1)) ** 0.5 if samples > 1 else 0.0
     return {"bpb": mean, "bpb_std_over_samples": spread, "boundary_rate": values[-3] / max(values[-2], 1),
             "early_bpb": values[-1] / max(values[1], 1), "samples": samples}
+
+
+def _score(model, batch: Batch, generator: torch.Generator, uniforms: torch.Tensor | None):
+    return score_rows(model, batch.inputs, batch.targets, batch.valid, doc_start=batch.doc_start,
+                      supplied=batch.boundaries, uniforms=uniforms, generator=generator)
