@@ -27,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learntok.config import load_config  # noqa: E402
 from learntok.data.batch import BOS, Batch  # noqa: E402
+from learntok.eval.nll import score_rows  # noqa: E402
 from learntok.model import layers  # noqa: E402
 from learntok.model.unet import ByteUNet  # noqa: E402
+from learntok.train.accumulate import accumulate_gradients  # noqa: E402
 
 
 def dense_sliding_window(q, k, v, window, cap):
@@ -82,10 +84,9 @@ class Run:
         if self.sliding_window is not None:
             layers.sliding_window_attention = self.sliding_window
         try:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                loss, metrics, _ = self.model.loss(self.batch, self.gen)
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                metrics = accumulate_gradients(self.model, self.batch, 1, generator=self.gen)  # as the trainer
         finally:
             layers.sliding_window_attention = blocked
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -102,13 +103,15 @@ class Run:
 
 
 class ScoringRun(Run):
-    """The same model scoring the batch as held-out evaluation does (`learntok.eval.sequences`): eval
+    """The same model scoring the batch as held-out evaluation does (`learntok.eval.nll.score_rows`): eval
     mode, boundaries sampled, forward only; FLOPs counted as a third of a training step's (forward only)."""
 
     def work(self) -> dict:
         self.model.eval()
-        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self.model.loss(self.batch, self.gen)[1]
+        b = self.batch
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            res = score_rows(self.model, b.inputs, b.targets, b.valid, doc_start=b.doc_start, generator=self.gen)
+        return {"tokens": res.tokens, "token_slots": res.token_slots}
 
     def result(self) -> dict:
         out = super().result()

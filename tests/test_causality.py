@@ -9,6 +9,7 @@ from learntok.boundaries import STRATEGIES
 from learntok.boundaries.whitespace import whitespace_boundaries
 from learntok.data.batch import PAD, Batch
 from learntok.model.unet import ByteUNet
+from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, tiny_config
 
@@ -23,13 +24,14 @@ def supplied_for(model, inputs):
 
 
 def warm_up(model, inputs):
-    """One training-mode loss pass, so that strategies with running state (the entropy strategy's
+    """One training step's loss and gradient, so that strategies with running state (the entropy strategy's
     calibrated threshold) are tested in their trained regime, not only in their start-up fallback."""
     targets = torch.cat([inputs[:, 1:], torch.full_like(inputs[:, :1], PAD)], dim=1)
     was_training = model.training
     model.train()
-    with torch.no_grad():
-        model.loss(Batch(inputs, targets, boundaries=supplied_for(model, inputs)), torch.Generator().manual_seed(0))
+    accumulate_gradients(model, Batch(inputs, targets, boundaries=supplied_for(model, inputs)), 1,
+                         generator=torch.Generator().manual_seed(0))
+    model.zero_grad(set_to_none=True)
     model.train(was_training)
 
 

@@ -9,6 +9,7 @@ from conftest import random_inputs, tiny_config
 from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.model.unet import ByteUNet
+from learntok.train.accumulate import accumulate_gradients
 from test_attention import dense_reference, qkv
 from test_train import check_compiled_stacks_do_not_recompile
 
@@ -47,8 +48,7 @@ def test_bf16_forward_backward_is_finite_and_close_to_fp32_on_cuda(attention):
     for bf16 in (False, True):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss, _, _ = model.loss(batch, torch.Generator(device="cuda").manual_seed(0))
-        loss.backward()
+            loss = accumulate_gradients(model, batch, 1, generator=torch.Generator(device="cuda").manual_seed(0))["loss"]
         losses.append(loss.float())
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.isfinite(losses[1]) and torch.isfinite(grads[1]).all()
@@ -57,9 +57,8 @@ def test_bf16_forward_backward_is_finite_and_close_to_fp32_on_cuda(attention):
 
     learned = model_on_cuda("learned", attention)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss, metrics, _ = learned.loss(batch, torch.Generator(device="cuda").manual_seed(0))
-    loss.backward()
-    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in learned.parameters() if p.grad is not None)
+        metrics = accumulate_gradients(learned, batch, 1, generator=torch.Generator(device="cuda").manual_seed(0))
+    assert torch.isfinite(metrics["loss"]) and all(torch.isfinite(p.grad).all() for p in learned.parameters() if p.grad is not None)
     assert float(metrics["boundary_rate"]) > 0
 
 

@@ -12,6 +12,7 @@ import torch
 
 from learntok.data.batch import Batch
 from learntok.model.unet import ByteUNet
+from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, taking, tiny_config
 
@@ -80,9 +81,8 @@ def estimator_expectation(model, rows=1, n_bytes=N_BYTES):
     total = 0
     for combo in itertools.product(range(len(single)), repeat=rows):
         model.zero_grad()
-        loss, _, _ = model.loss(batch_of(rows, n_bytes=n_bytes), uniforms=taking(single[list(combo)]))
-        (loss * rows).backward()  # the loss is a mean over rows; sum them
-        total = total + float(torch.prod(pi[list(combo)])) * grads(model) / rows
+        accumulate_gradients(model, batch_of(rows, n_bytes=n_bytes), 1, uniforms=taking(single[list(combo)]))
+        total = total + float(torch.prod(pi[list(combo)])) * grads(model)
     return total
 
 
@@ -129,8 +129,7 @@ def test_monte_carlo_mean_converges_to_exact_gradient():
     errors = []
     for n in (2_000, 16_000):  # one batch of n independent samples is the mean of n estimates
         model.zero_grad()
-        loss, _, _ = model.loss(batch_of(n), generator=torch.Generator().manual_seed(1))
-        loss.backward()
+        accumulate_gradients(model, batch_of(n), 1, generator=torch.Generator().manual_seed(1))
         errors.append(float((grads(model) - exact).norm() / exact.norm()))
     # seeded, so deterministic; the error shrinks like 1/sqrt(n) (factor ~0.35 here)
     assert errors[1] < 0.6 * errors[0]

@@ -16,6 +16,7 @@ from learntok.config import ConfigError, load_config
 from learntok.data.batch import Batch
 from learntok.model.unet import ByteUNet
 from learntok.objectives import batch_centered
+from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, taking, tiny_config
 from test_estimator import all_configs, batch_of, close, estimator_expectation, exact_gradient, grads, make_model
@@ -39,8 +40,7 @@ def group_expectation(model, n_bytes: int) -> torch.Tensor:
     total = 0
     for combo in itertools.product(range(len(single)), repeat=K):
         model.zero_grad()
-        loss, _, _ = model.loss(batch_of(1, n_bytes=n_bytes), uniforms=taking(single[list(combo)]))
-        loss.backward()
+        accumulate_gradients(model, batch_of(1, n_bytes=n_bytes), 1, uniforms=taking(single[list(combo)]))
         total = total + float(torch.prod(pi[list(combo)])) * grads(model)
     return total
 
@@ -96,12 +96,12 @@ def test_groups_never_mix_sequences():
     seqs = random_inputs(2, 9, seed=4)
     draws = torch.rand(4, 8, generator=torch.Generator().manual_seed(1)) < 0.4
     model.zero_grad()
-    model.loss(Batch.from_sequences(seqs), uniforms=taking(draws))[0].backward()
+    accumulate_gradients(model, Batch.from_sequences(seqs), 1, uniforms=taking(draws))
     both = grads(model)
     alone = 0
     for s in range(2):
         model.zero_grad()
-        model.loss(Batch.from_sequences(seqs[s:s + 1]), uniforms=taking(draws[2 * s:2 * s + 2]))[0].backward()
+        accumulate_gradients(model, Batch.from_sequences(seqs[s:s + 1]), 1, uniforms=taking(draws[2 * s:2 * s + 2]))
         alone = alone + grads(model) / 2
     assert close(both, alone, tol=1e-5)
 
@@ -117,8 +117,9 @@ def test_encoder_runs_once_per_sequence_and_the_decoder_once_per_draw():
     for name in ("encoder", "early_head", "mid", "decoder", "head"):
         getattr(model, name).register_forward_hook(record(name))
     batch = Batch.from_sequences(random_inputs(3, 33))
-    loss, metrics, out = model.loss(batch)
+    metrics = accumulate_gradients(model, batch, 1)
     assert rows == {"encoder": 3, "early_head": 3, "mid": 12, "decoder": 12, "head": 12}
+    out = model(batch.inputs)
     assert out.logits.shape[0] == 12 and out.early_logits.shape[0] == 3 and out.draws == 4
     assert int(metrics["bytes"]) == 3 * 32  # bytes of the batch, not of its draws
     model.eval()  # evaluation draws once
@@ -130,10 +131,10 @@ def test_language_model_loss_is_the_mean_over_draws():
     model = ByteUNet(cfg.model, cfg.boundaries).train()
     batch = Batch.from_sequences(random_inputs(1, 33, seed=2))
     draws = torch.rand(2, 32, generator=torch.Generator().manual_seed(3)) < 0.3
-    loss, _, _ = model.loss(batch, uniforms=taking(draws))
+    loss = accumulate_gradients(model, batch, 1, uniforms=taking(draws))["loss"]
     model.boundaries.cfg.group_size = 1
-    each = [model.loss(batch, uniforms=taking(draws[k:k + 1]))[0] for k in range(2)]
-    assert float(loss.detach()) == pytest.approx(float(sum(each).detach() / 2), rel=1e-6)
+    each = [accumulate_gradients(model, batch, 1, uniforms=taking(draws[k:k + 1]))["loss"] for k in range(2)]
+    assert float(loss) == pytest.approx(float(sum(each) / 2), rel=1e-6)
 
 
 def test_group_centering_worked_example_and_padding():

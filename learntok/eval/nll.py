@@ -26,6 +26,8 @@ class RowScores:
     misses: torch.Tensor  # (B,) scored positions whose most likely byte is not the target
     boundaries: torch.Tensor  # (B, T) bool: the strategy's decisions, forced ones included
     forced: torch.Tensor  # (B, T) bool: boundaries that were not the strategy's choice
+    tokens: int  # real tokens the token level ran on (for FLOPs)
+    token_slots: int  # the token level's padded layout
 
 
 @torch.no_grad()  # not inference_mode: its tensors could not enter a later training step's graph
@@ -48,4 +50,4 @@ def score_rows(model, inputs: torch.Tensor, targets: torch.Tensor, scored: torch
         nll=zeros.index_add(0, row, -logp.double()),
         early_nll=zeros.index_add(0, row, -logp_early.double()),
         misses=torch.zeros(B, device=inputs.device).index_add_(0, row, (logits.argmax(dim=-1) != gold).float()),
-        boundaries=out.boundaries.a, forced=out.forced)
+        boundaries=out.boundaries.a, forced=out.forced, tokens=out.tok_real.numel(), token_slots=out.tok_pos.numel())

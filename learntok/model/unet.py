@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..boundaries import Boundaries, BoundaryInput, LossInputs, build_strategy
+from ..boundaries import Boundaries, BoundaryInput, build_strategy
 from ..boundaries.base import BoundaryStepInput, BoundaryStrategy
 from ..config import BoundaryConfig, ModelConfig
-from ..data.batch import PAD, VOCAB_SIZE, Batch
-from ..objectives import LN2, masked_mean
+from ..data.batch import PAD, VOCAB_SIZE
 from . import resample
 from .layers import RMSNorm, Stack, StackCache, softcap
 
@@ -164,38 +163,6 @@ class ByteUNet(nn.Module):
         y = self.decoder(y, positions)
         return UNetOutput(self.head(y), early_logits, bnd, slots.pos, slots.valid, slots.real, forced, K)
 
-    # --- objective -------------------------------------------------------------------------------
-
-    def loss(self, batch: Batch, generator: torch.Generator | None = None,
-             uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, dict, UNetOutput]:
-        """L = L_auto + lambda_early L_early + the strategy's weighted losses (paper eq. 27).
-
-        Returns (loss, metrics, output); metrics are detached 0-d tensors (no host sync here)."""
-        out = self(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=generator,
-                   uniforms=uniforms)
-        logp, logp_early, loss_inputs = log_likelihoods(out, batch)
-        loss_auto = -masked_mean(logp, loss_inputs.valid)  # over every draw: the mean of the draws' losses
-        loss_early = -masked_mean(logp_early, batch.valid)
-        aux = self.boundaries.losses(out.boundaries, loss_inputs)
-        if self.training:
-            self.boundaries.update(out.boundaries, loss_inputs)
-        lambda_early = self.boundaries.cfg.lambda_early
-        loss = loss_auto + lambda_early * loss_early + sum(w * v for w, v in aux.values())
-
-        real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
-        metrics = {
-            "loss": loss.detach(),
-            "bpb": loss_auto.detach() / LN2,
-            "early_bpb": loss_early.detach() / LN2,
-            "boundary_rate": masked_mean(out.boundaries.a.float(), real),
-            "tokens": torch.tensor(out.tok_real.numel()),  # what the token level's matrices ran on
-            "token_slots": torch.tensor(out.tok_pos.numel()),  # its attention's padded layout
-            "bytes": batch.valid.sum(),
-        }
-        metrics.update({f"loss_{k}": v.detach() for k, (_, v) in aux.items()})
-        metrics.update(self.boundaries.metrics(out.boundaries, loss_inputs))
-        return loss, metrics, out
-
     # --- incremental inference -------------------------------------------------------------------
 
     def allocate_inference_cache(self, batch_size: int, max_len: int) -> InferenceCache:
@@ -300,17 +267,6 @@ class ByteUNet(nn.Module):
         p = self.matrix_params()
         per_byte = p["byte"] + (draws - 1) * p["byte_per_draw"]
         return 6 * (per_byte * n_bytes + p["token"] * n_tokens)
-
-
-def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:
-    """log p(target) of every draw (B * K, T) and log p_early(target) of every sequence (B, T), with
-    gradient, and what the strategy's losses read: both detached, over the B * K rows."""
-    K = out.draws
-    logp = target_log_probs(out.logits, batch.targets.repeat_interleave(K, 0))
-    logp_early = target_log_probs(out.early_logits, batch.targets)
-    loss_inputs = LossInputs(logp.detach(), logp_early.detach().repeat_interleave(K, 0),
-                             batch.valid.repeat_interleave(K, 0), out.forced, K)
-    return logp, logp_early, loss_inputs
 
 
 def target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

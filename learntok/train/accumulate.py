@@ -1,4 +1,6 @@
-"""Gradient accumulation with the advantage baseline over the whole global batch (DESIGN.md §3, §5).
+"""The training objective, composed in this one place, and its gradient over a batch in any number of
+micro-batches (one is the plain case): L = L_auto + lambda_early L_early + the strategy's weighted
+losses (paper eq. 27), with the advantage baseline over the whole global batch (DESIGN.md §3, §5).
 
 The policy's advantage A_{b,i} = G_{b,i} - mean_{b'} G_{b',i} and the target loss's mean(p) are
 statistics of the whole global batch, and G depends on every micro-batch's forward pass. A step therefore
@@ -45,7 +47,7 @@ import torch
 
 from ..boundaries import Boundaries, LossInputs
 from ..data.batch import PAD, Batch, split_rows
-from ..model.unet import ByteUNet, log_likelihoods
+from ..model.unet import ByteUNet, UNetOutput, target_log_probs
 from ..objectives import LN2
 
 
@@ -65,8 +67,9 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
                          generator: torch.Generator | None = None, recompute_encoder: bool = True,
                          totals: dict | None = None, reduce=None) -> dict:
     """Backpropagate the loss of `batch` in `micro_batches` pieces: afterwards `.grad` holds the gradient
-    of `model.loss(batch, uniforms=uniforms)[0]` (added to what was there). Returns that call's metrics,
-    over the whole batch. `uniforms` (B, T): the draws of a sampling strategy for the whole batch.
+    of L over the whole batch (added to what was there). Returns the metrics of the whole batch
+    (detached 0-d tensors, no host sync: "loss", "bpb", "early_bpb", "boundary_rate", "tokens",
+    "token_slots", "bytes", each "loss_<name>" of the strategy, the strategy's own). `uniforms` (B, T): the draws of a sampling strategy for the whole batch.
     `totals` ({"rows", "valid", "real"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
     rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
@@ -204,3 +207,14 @@ def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundarie
     li = LossInputs(*(torch.cat([getattr(i, f) for i in inputs], dim=0)
                       for f in ("logp", "logp_early", "valid", "forced")), group=inputs[0].group)
     return type(bnds[0])(**joined), li
+
+
+def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:
+    """log p(target) of every draw (B * K, T) and log p_early(target) of every sequence (B, T), with
+    gradient, and what the strategy's losses read: both detached, over the B * K rows."""
+    K = out.draws
+    logp = target_log_probs(out.logits, batch.targets.repeat_interleave(K, 0))
+    logp_early = target_log_probs(out.early_logits, batch.targets)
+    loss_inputs = LossInputs(logp.detach(), logp_early.detach().repeat_interleave(K, 0),
+                             batch.valid.repeat_interleave(K, 0), out.forced, K)
+    return logp, logp_early, loss_inputs
