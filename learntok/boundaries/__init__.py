@@ -33,11 +33,11 @@ STRATEGIES: dict[str, type[BoundaryStrategy]] = {cls.name: cls for cls in (
     DynamicPooling, HNetChunking)}
 
 
-# the parts `learntok compare` gives strategies by name
+# the roles `learntok compare` gives strategies
 PAPER_POLICY = LearnedPolicy.name  # the strategy whose claims its report judges
 WHITESPACE_RULE = Whitespace.name  # its whitespace precision is the ceiling of the structure claim
 FIXED_RATE = Uniform.name  # --budget-bytes: the FLOPs this strategy spends on N bytes
-BPE = BpeGuidance.name  # the strategy that trains on the BPE track the report compares with
+BPE_GUIDANCE = BpeGuidance.name  # trains on the BPE track that the report measures every strategy against
 
 
 def build_strategy(cfg: BoundaryConfig, d_model: int) -> BoundaryStrategy:
@@ -57,4 +57,4 @@ def supplied_track(name: str) -> str | None:
     return getattr(cls, "supplied_track", None) or None
 
 
-__all__ = ["BPE", "FIXED_RATE", "PAPER_POLICY", "STRATEGIES", "WHITESPACE_RULE", "Boundaries", "BoundaryInput", "BoundaryStrategy", "LossInputs", "build_strategy", "supplied_track"]
+__all__ = ["BPE_GUIDANCE", "FIXED_RATE", "PAPER_POLICY", "STRATEGIES", "WHITESPACE_RULE", "Boundaries", "BoundaryInput", "BoundaryStrategy", "LossInputs", "build_strategy", "supplied_track"]

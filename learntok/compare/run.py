@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..boundaries import BPE, FIXED_RATE, STRATEGIES
+from ..boundaries import BPE_GUIDANCE, FIXED_RATE, STRATEGIES
 from ..config import RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
@@ -206,13 +206,13 @@ class BpeReference:
         self.description = "none (install tokenizers for BPE agreement)"
         source = Path(cfg.data.source)
         try:
-            tokenizer = track_tokenizer(source, STRATEGIES[BPE].supplied_track)
+            tokenizer = track_tokenizer(source, STRATEGIES[BPE_GUIDANCE].supplied_track)
             if cfg.data.source != "demo" and tokenizer.exists():
                 self.segmenter = BpeSegmenter.load(tokenizer)
                 self.description = f"the dataset's BPE ({tokenizer})"
                 try:
                     bpe_cfg = load_config(None, to_dict(cfg))
-                    bpe_cfg.boundaries.name = BPE
+                    bpe_cfg.boundaries.name = BPE_GUIDANCE
                     self.track_batches = make_data(bpe_cfg).val
                     self.description += ", its stored BPE track (shifted by one byte)"
                 except (ValueError, FileNotFoundError):
