@@ -37,6 +37,7 @@ class ModelConfig:
     token_multiple: int = 8  # pad the token dimension to a multiple of this (fewer distinct shapes)
     attention: str = "blocked"  # attention kernel: blocked (plain PyTorch) | flex (FlexAttention; for CUDA, not yet measured there)
     init_std: float = 0.02  # std of the normal initialisation of linear layers
+    lambda_early: float = 1e-1  # weight of the early-exit head's loss in the model's objective (paper eq. 27)
 
 
 @dataclass
@@ -55,7 +56,6 @@ class BoundaryConfig:
     group_size: int = 1  # K boundary draws per training sequence (1: the paper); encoder once per sequence, token level and decoder per draw
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
-    lambda_early: float = 1e-1  # weight of the early-exit loss
     # --- entropy patching (BLT, Pagnoni et al. 2024), boundaries/entropy.py ---
     entropy_mode: str = "global"  # global: a_i = [H_i > theta]; monotonic: a_i = [H_i - H_{i-1} > theta]
     entropy_source: str = "early"  # early: entropy of the early-exit head; own: of a small byte LM of its own
@@ -221,17 +221,26 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return out
 
 
-def _apply(cfg: Any, updates: dict, prefix: str = "") -> None:
+# Keys that moved to another section: the old dotted key -> the new one (saved configs and old command
+# lines keep working).
+MOVED_KEYS = {"boundaries.lambda_early": "model.lambda_early"}
+
+
+def _apply(cfg: Any, updates: dict, prefix: str = "", root: Any = None) -> None:
+    root = cfg if root is None else root
     hints = _field_types(type(cfg))
     for key, value in updates.items():
         path = f"{prefix}{key}"
+        if path in MOVED_KEYS:
+            _apply(root, _nest(MOVED_KEYS[path], value))
+            continue
         if key not in hints:
             raise _unknown(path, [f"{prefix}{k}" for k in hints])
         current = getattr(cfg, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: expected a mapping of its fields, got {value!r}")
-            _apply(current, value, prefix=f"{path}.")
+            _apply(current, value, f"{path}.", root)
         else:
             setattr(cfg, key, _coerce(value, hints[key], path))
 

@@ -163,6 +163,14 @@ def test_incompatible_model_says_what_differs(run):
     assert "model.d_model: checkpoint 32, requested 48" in message and "model.n_up_layers: checkpoint 1, requested 2" in message
 
 
+def test_resuming_with_another_lambda_early_is_a_change_noted_not_another_model(run, capsys):
+    """lambda_early weighs the early-exit head's loss: `model.lambda_early` changes the objective only."""
+    capsys.readouterr()
+    run.cfg.model.lambda_early = 0.5
+    Trainer(run.cfg, run.run_dir, resume=True, progress=False, data=memory_data(run.cfg))
+    assert capsys.readouterr().out.strip() == "note: resuming with model.lambda_early=0.5 (the checkpoint had 0.1)"
+
+
 def test_weights_of_another_size_name_the_tensors(run):
     cfg = tiny_config()
     cfg.model.d_model = 48

@@ -63,6 +63,12 @@ def test_cross_field_checks():
     assert "max_bad_steps" in error_of(None, ["train.max_bad_steps=0"])
 
 
+def test_lambda_early_moved_to_the_model_and_its_old_key_still_works():
+    assert load_config(None, ["boundaries.lambda_early=0.3"]).model.lambda_early == 0.3
+    assert load_config(None, {"boundaries": {"lambda_early": 0.3}}).model.lambda_early == 0.3  # a saved config
+    assert load_config(None, ["model.lambda_early=0.2"]).model.lambda_early == 0.2
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_loads_and_builds(name):
     cfg = load_config(name)

@@ -21,10 +21,11 @@ N_BYTES = 6
 def make_model(seed=0, n_bytes=N_BYTES, **boundaries):
     torch.manual_seed(seed)
     opts = dict(name="learned", lags=2, gamma=1.0, early_exit_reward=False, batch_centering="none",
-                lambda_target=0.0, lambda_early=0.0)
+                lambda_target=0.0)
     opts.update(boundaries)
     cfg = tiny_config(**opts)
     cfg.model.window = 4
+    cfg.model.lambda_early = 0.0
     model = ByteUNet(cfg.model, cfg.boundaries)
     with torch.no_grad():  # a policy far from uniform, so the policy gradient matters
         model.boundaries.proj.weight.normal_(std=2.0)

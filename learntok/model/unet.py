@@ -179,8 +179,7 @@ class ByteUNet(nn.Module):
         aux = self.boundaries.losses(out.boundaries, loss_inputs)
         if self.training:
             self.boundaries.update(out.boundaries, loss_inputs)
-        lambda_early = self.boundaries.cfg.lambda_early
-        loss = loss_auto + lambda_early * loss_early + sum(w * v for w, v in aux.values())
+        loss = loss_auto + self.cfg.lambda_early * loss_early + sum(w * v for w, v in aux.values())
 
         real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
         metrics = {
