@@ -149,7 +149,10 @@ def _write_atomic(path: Path, write) -> None:
 def model_card(meta: dict) -> str:
     """A README.md for the Hub from the contents of config.json."""
     m, b, facts = meta["model"], meta["boundaries"], meta.get("training", {})
-    strategy = STRATEGIES[b["name"]].describe(b) if b["name"] in STRATEGIES else b["name"]
+    strategy = b["name"]
+    if strategy in STRATEGIES:
+        cls = STRATEGIES[strategy]
+        strategy = cls.describe(cls.read_options(from_dict({"boundaries": b}).boundaries))
     rows = [
         ("parameters", f"{meta['num_parameters'] / 1e6:.2f}M"),
         ("width / heads", f"{m['d_model']} / {m['n_heads']}"),

@@ -69,7 +69,7 @@ def test_micro_batches_give_the_whole_batch_gradient(centering, pieces, recomput
     batch = padded_batch()
     rows, T = batch.inputs.shape
     u = torch.rand((rows * group, T), generator=torch.Generator().manual_seed(5))  # every draw's uniforms
-    ref_model = model_for(batch_centering=centering, group_size=group)
+    ref_model = model_for(learned={"batch_centering": centering}, group_size=group)
     acc_model = copy.deepcopy(ref_model)
     g_ref, m_ref = one_pass(ref_model, batch, u)
     g_acc, m_acc = accumulated(acc_model, batch, u, pieces, recompute)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..boundaries import STRATEGIES
+from ..boundaries.bpe import BpeGuidance
 from ..config import RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
@@ -242,7 +243,7 @@ def _fit_bpe(cfg: RunConfig):
     else:
         from ..data.shards import open_split
         docs = sample_split_docs(open_split(cfg.data.source, "train"), 8 << 20)
-    segmenter, _ = fit_bpe(docs, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
+    segmenter, _ = fit_bpe(docs, cfg.boundaries.target_rate, BpeGuidance.read_options(cfg.boundaries).max_vocab)
     return segmenter
 
 

@@ -248,7 +248,8 @@ class Trainer:
     def _resume(self) -> None:
         ckpt = ckpt_io.latest_checkpoint(self.run_dir)
         state = ckpt_io.read_state(ckpt)
-        diffs = ckpt_io.config_differences(state.get("config", {}), to_dict(self.cfg))
+        saved = to_dict(ckpt_io.saved_config(ckpt, state)) if "config" in state else {}
+        diffs = ckpt_io.config_differences(saved, to_dict(self.cfg))
         # a different model is refused; the attention kernel computes the same model, and lambda_early
         # only weighs the early-exit head's loss
         same_model = ("model.attention", "model.lambda_early")
