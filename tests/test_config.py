@@ -142,8 +142,8 @@ def test_yaml_sections_and_sections_of_other_strategies(tmp_path):
     ("boundaries.learned.lagz=1", "unknown config key 'boundaries.learned.lagz'; did you mean 'boundaries.learned.lags'?"),
     ("boundaries.entropy.lags=1", "unknown config key 'boundaries.entropy.lags'; did you mean 'boundaries.learned.lags'?"),
     ("boundaries.lerned.lags=1", "unknown config key 'boundaries.lerned'; did you mean 'boundaries.learned'?"),
-    ("boundaries.lamda_policy=0.1", "unknown config key 'boundaries.lamda_policy'; did you mean "
-                                    "'boundaries.learned.lambda_policy'?"),
+    ("boundaries.lamda_policy=0.1", ("unknown config key 'boundaries.lamda_policy'; did you mean "
+                                     "'boundaries.learned.lambda_policy'?")),
     ("boundaries.uniform.lags=1", "unknown config key 'boundaries.uniform.lags'; did you mean 'boundaries.learned.lags'?"),
     ("boundaries.learned=5", "boundaries.learned: expected a mapping of its options, got 5"),
     ("boundaries.name=lerned", "unknown boundary strategy 'lerned'"),
@@ -155,8 +155,8 @@ def test_unknown_sections_and_options_name_the_nearest_key(override, message):
 @pytest.mark.parametrize("override, message", [
     ("boundaries.learned.lags=-1", "boundaries.learned.lags=-1: must be >= 0"),
     ("boundaries.learned.gamma=1.5", "boundaries.learned.gamma=1.5: must lie in (0, 1]"),
-    ("boundaries.learned.batch_centering=median", "boundaries.learned.batch_centering='median': use mean, "
-                                                  "leave_one_out, group, group_loo or none"),
+    ("boundaries.learned.batch_centering=median", ("boundaries.learned.batch_centering='median': use mean, "
+                                                   "leave_one_out, group, group_loo or none")),
     ("boundaries.entropy.mode=local", "boundaries.entropy.mode='local': use global or monotonic"),
     ("boundaries.entropy.source=late", "boundaries.entropy.source='late': use early or own"),
     ("boundaries.entropy.momentum=0", "boundaries.entropy.momentum=0.0: must lie in (0, 1]"),
