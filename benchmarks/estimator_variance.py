@@ -26,7 +26,7 @@ i.e. our best estimate of the true policy gradient of E_a log p(y | a, x). Print
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -56,14 +56,15 @@ REFERENCE = {"gamma": 1.0, "early_exit_reward": True, "batch_centering": "leave_
 
 def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[torch.Tensor, int]:
     """One estimate: d(lambda_pi * L_pi)/d(theta) for one draw of boundaries, flattened, and the training
-    FLOPs of the forward + backward that made it. With `group_size` k in `options`, the first B/k rows of
-    the batch, k draws each."""
-    cfg = model.boundaries.cfg
-    saved = copy.copy(cfg)
-    for k, v in options.items():
-        setattr(cfg, k, v)
+    FLOPs of the forward + backward that made it. `options`: the policy's options to change, and
+    `group_size` k (`boundaries.group_size`): the first B/k rows of the batch, k draws each."""
+    strategy = model.boundaries
+    saved = strategy.options, strategy.cfg.group_size
+    policy_options = dict(options)
+    strategy.cfg.group_size = policy_options.pop("group_size", strategy.cfg.group_size)
+    strategy.options = dataclasses.replace(strategy.options, **policy_options)
     try:
-        rows = batch.inputs.shape[0] // cfg.group_size
+        rows = batch.inputs.shape[0] // strategy.cfg.group_size
         part = Batch(batch.inputs[:rows], batch.targets[:rows])
         out = model(part.inputs, generator=generator)
         _, _, loss_inputs = log_likelihoods(out, part)
@@ -73,8 +74,7 @@ def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[t
         flops = model.flops(part.inputs.numel(), out.tok_real.numel(), out.draws)
         return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)]), flops
     finally:
-        for k in list(options):
-            setattr(cfg, k, getattr(saved, k))
+        strategy.options, strategy.cfg.group_size = saved
 
 
 def main() -> None:

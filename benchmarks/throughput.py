@@ -178,7 +178,7 @@ def main() -> None:
     for k in groups:
         names.append(f"learned, {k} draws per sequence")
         runs.append(Run(load_config(args.config, args.overrides + ["boundaries.name=learned", f"boundaries.group_size={k}",
-                                                                  "boundaries.batch_centering=group_loo"]),
+                                                                  "boundaries.learned.batch_centering=group_loo"]),
                         device, args.bf16, args.compile))
     rows = list(zip(names, measure(runs, args.steps, args.warmup)))
 

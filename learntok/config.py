@@ -2,8 +2,13 @@
 
 A run is described by `RunConfig` (model, boundaries, training, data). YAML files list only what they
 change from the defaults; `key=value` overrides on the command line use dotted paths
-(`train.lr=3e-3`, `boundaries.name=uniform`). Unknown keys and wrong types are errors that name the key
-and the nearest valid one. The resolved config is saved with every run and checkpoint.
+(`train.lr=3e-3`, `boundaries.name=uniform`, `boundaries.entropy.mode=monotonic`). Unknown keys and wrong
+types are errors that name the key and the nearest valid one. The resolved config is saved with every run
+and checkpoint.
+
+This is the bottom layer: it does not import the boundary strategies, so it keeps their option sections
+(`boundaries.<strategy>.*`) as given, and `learntok.boundaries.check` types and checks them against each
+strategy's options dataclass.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,40 +43,32 @@ class ModelConfig:
     token_multiple: int = 8  # pad the token dimension to a multiple of this (fewer distinct shapes)
     attention: str = "blocked"  # attention kernel: blocked (plain PyTorch) | flex (FlexAttention; for CUDA, not yet measured there)
     init_std: float = 0.02  # std of the normal initialisation of linear layers
+    lambda_early: float = 1e-1  # weight of the early-exit head's loss in the model's objective (paper eq. 27)
 
 
 @dataclass
 class BoundaryConfig:
-    """How token boundaries are drawn. `name` selects a strategy from `learntok.boundaries`."""
+    """How token boundaries are drawn. `name` selects a strategy from `learntok.boundaries`.
+
+    A strategy's own options are the section named after it (`boundaries.entropy.mode`)."""
 
     name: str = "learned"  # learned | uniform | ... (see `learntok.boundaries.STRATEGIES`)
     target_rate: float = 0.2  # target fraction of bytes that end a token (paper: 1/5)
-    # --- learned (score-function) policy, paper §2.4-2.7 ---
-    lags: int = 8  # w: number of previous boundary decisions the logit sees (paper: 8; also 1)
-    scale: float = 16.0  # D: raw logits are divided by this
-    softcap: float | None = 10.0  # policy-logit softcap, training only (paper: value not stated)
-    gamma: float = 0.99  # discount of the returns
-    early_exit_reward: bool = True  # subtract the early-exit log-likelihood from the reward
-    batch_centering: str = "mean"  # advantage baseline per position: mean | leave_one_out over the batch's rows (the paper), group | group_loo over a sequence's draws, none
     group_size: int = 1  # K boundary draws per training sequence (1: the paper); encoder once per sequence, token level and decoder per draw
-    lambda_policy: float = 1e-2  # weight of the policy loss
-    lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
-    lambda_early: float = 1e-1  # weight of the early-exit loss
-    # --- entropy patching (BLT, Pagnoni et al. 2024), boundaries/entropy.py ---
-    entropy_mode: str = "global"  # global: a_i = [H_i > theta]; monotonic: a_i = [H_i - H_{i-1} > theta]
-    entropy_source: str = "early"  # early: entropy of the early-exit head; own: of a small byte LM of its own
-    entropy_momentum: float = 0.5  # smoothing weight of each training batch's rate quantile (Holt's level and trend)
-    entropy_model_dim: int = 64  # own entropy model: width
-    entropy_model_layers: int = 1  # own entropy model: sliding-window blocks
-    entropy_model_lambda: float = 0.1  # own entropy model: weight of its next-byte loss
-    # --- dynamic pooling (Nawrot et al. 2023), boundaries/dynamic_pooling.py ---
-    dp_temperature: float = 0.5  # Gumbel-sigmoid (relaxed Bernoulli) temperature
-    dp_hidden_mult: float = 1.0  # boundary-predictor MLP hidden = dp_hidden_mult * d_model
-    dp_lambda_prior: float = 1.0  # weight of the binomial-prior loss
-    # --- H-Net dynamic chunking (Hwang et al. 2025), boundaries/hnet.py ---
-    hnet_lambda_ratio: float = 0.03  # weight of the ratio loss
-    # --- BPE guidance (paper §4.3), boundaries/bpe.py ---
-    bpe_max_vocab: int = 65536  # demo corpus only: largest vocabulary tried when fitting BPE to target_rate
+    # Every other key under `boundaries`: the strategies' options by dotted key, {"entropy.mode": "monotonic"},
+    # in the order given; a key given again moves to the end, so the last one given wins even where an old
+    # flat key and its new name meet (`lags`, `learned.lags`). Typed, checked and completed by
+    # `learntok.boundaries.check`, which knows the strategies.
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def set_option(self, key: str, value: Any) -> None:
+        """Record `boundaries.<key>: value`; a mapping (a strategy's section) records each of its keys."""
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self.set_option(f"{key}.{k}", v)
+        else:
+            self.options.pop(key, None)
+            self.options[key] = value
 
 
 @dataclass
@@ -132,7 +130,24 @@ class ConfigError(ValueError):
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    """A config (or one of its sections) as plain data, as YAML and JSON files hold it: the strategies'
+    options as sections of `boundaries` (`entropy: {mode: monotonic}`)."""
+    data = dataclasses.asdict(cfg)
+    if isinstance(cfg, RunConfig):
+        data["boundaries"] = to_dict(cfg.boundaries)
+    elif isinstance(cfg, BoundaryConfig):
+        for key, value in data.pop("options").items():
+            merge(data, _nest(key, value))
+    return data
+
+
+def merge(base: dict, update: dict) -> None:
+    """Merge the nested mapping `update` into `base`, key by key."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge(base[key], value)
+        else:
+            base[key] = value
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -196,44 +211,73 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
-def _unknown(key: str, valid: list[str]) -> ConfigError:
+def unknown_key(key: str, valid: list[str], also: Iterable[str] = ()) -> ConfigError:
     """An unknown key, with the nearest valid one: in the same section by spelling, or the same name in
-    another section (`train.d_model` -> `model.d_model`)."""
+    another section (`train.d_model` -> `model.d_model`; `also`: keys beyond RunConfig's fields)."""
     leaf = key.split(".")[-1]
-    elsewhere = [p for p in _all_keys(RunConfig) if p.split(".")[-1] == leaf]
+    elsewhere = [p for p in [*_all_keys(RunConfig), *also] if p.split(".")[-1] == leaf]
     close = difflib.get_close_matches(leaf, [v.split(".")[-1] for v in valid], n=1, cutoff=0.5)
     hint = ""
     if elsewhere:
         hint = f"; did you mean '{elsewhere[0]}'?"
     elif close:
         hint = f"; did you mean '{next(v for v in valid if v.split('.')[-1] == close[0])}'?"
-    return ConfigError(f"unknown config key '{key}'{hint} (valid here: {', '.join(valid)})")
+    return ConfigError(f"unknown config key '{key}'{hint} (valid here: {', '.join(valid) or 'none'})")
+
+
+def section_keys(cls: type) -> list[str]:
+    """The keys a config section takes: its fields, less `BoundaryConfig.options` (the strategies' keys)."""
+    return [f.name for f in dataclasses.fields(cls) if not (cls is BoundaryConfig and f.name == "options")]
 
 
 def _all_keys(cls: type, prefix: str = "") -> list[str]:
     out = []
-    for f in dataclasses.fields(cls):
-        tp = _field_types(cls)[f.name]
+    for name in section_keys(cls):
+        tp = _field_types(cls)[name]
         if dataclasses.is_dataclass(tp):
-            out += _all_keys(tp, f"{prefix}{f.name}.")
+            out += _all_keys(tp, f"{prefix}{name}.")
         else:
-            out.append(f"{prefix}{f.name}")
+            out.append(f"{prefix}{name}")
     return out
 
 
-def _apply(cfg: Any, updates: dict, prefix: str = "") -> None:
-    hints = _field_types(type(cfg))
+# Keys that moved to another section: the old dotted key -> the new one (saved configs and old command
+# lines keep working). The strategies' options moved into sections of their own; each strategy maps its
+# own old flat names (`learntok.boundaries.base.StrategyOptions.flat_prefix`).
+MOVED_KEYS = {"boundaries.lambda_early": "model.lambda_early"}
+
+
+def _apply(cfg: Any, updates: dict, prefix: str = "", root: Any = None) -> None:
+    root = cfg if root is None else root
+    keys, hints = section_keys(type(cfg)), _field_types(type(cfg))
     for key, value in updates.items():
         path = f"{prefix}{key}"
-        if key not in hints:
-            raise _unknown(path, [f"{prefix}{k}" for k in hints])
-        current = getattr(cfg, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path}: expected a mapping of its fields, got {value!r}")
-            _apply(current, value, prefix=f"{path}.")
+        if path in MOVED_KEYS:
+            _apply(root, _nest(MOVED_KEYS[path], value))
+        elif key in keys:
+            current = getattr(cfg, key)
+            if dataclasses.is_dataclass(current):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{path}: expected a mapping of its fields, got {value!r}")
+                _apply(current, value, f"{path}.", root)
+            else:
+                setattr(cfg, key, _coerce(value, hints[key], path))
+        elif isinstance(cfg, BoundaryConfig):
+            cfg.set_option(key, value)
         else:
-            setattr(cfg, key, _coerce(value, hints[key], path))
+            raise unknown_key(path, [f"{prefix}{k}" for k in keys])
+
+
+def fill(obj: Any, values: dict, prefix: str, also: Iterable[str] = ()) -> None:
+    """Set fields of the dataclass `obj` (a strategy's options) from `values` as YAML and the command
+    line give them, each typed against its field: an unknown name or a wrong type is a ConfigError naming
+    `prefix` + the name and the nearest valid key (`also`: other sections' keys, see `unknown_key`)."""
+    hints = _field_types(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for key, value in values.items():
+        if key not in names:
+            raise unknown_key(f"{prefix}{key}", [f"{prefix}{k}" for k in names], also)
+        setattr(obj, key, _coerce(value, hints[key], f"{prefix}{key}"))
 
 
 def _nest(dotted: str, value: Any) -> dict:
@@ -306,18 +350,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.attention={m.attention!r}: use blocked or flex")
     if not 0.0 < b.target_rate < 1.0:
         raise ConfigError(f"boundaries.target_rate={b.target_rate} must lie strictly between 0 and 1")
-    if b.lags < 0:
-        raise ConfigError(f"boundaries.lags={b.lags} must be >= 0")
-    if not 0.0 < b.gamma <= 1.0:
-        raise ConfigError(f"boundaries.gamma={b.gamma} must lie in (0, 1]")
-    if b.batch_centering not in ("mean", "leave_one_out", "group", "group_loo", "none"):
-        raise ConfigError(f"boundaries.batch_centering={b.batch_centering!r}: use mean, leave_one_out, group, "
-                          f"group_loo or none")
     if b.group_size < 1:
         raise ConfigError(f"boundaries.group_size={b.group_size} must be >= 1")
-    if b.batch_centering.startswith("group") and b.group_size < 2:
-        raise ConfigError(f"boundaries.batch_centering={b.batch_centering} centres on the other draws of a "
-                          f"sequence: set boundaries.group_size >= 2")
     if t.seq_len < 2 or t.batch_size < 1:
         raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
     if t.micro_batches < 1 or t.batch_size % t.micro_batches:
@@ -335,44 +369,3 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("train.training_bytes and train.lr must be > 0, train.warmup_bytes >= 0")
     if cfg.data.mode not in ("paper", "packed"):
         raise ConfigError(f"data.mode={cfg.data.mode!r}: use paper or packed")
-
-
-def config_reference() -> str:
-    """Markdown tables of every config field with its default and comment, read from this file's source
-    so that the README can never drift from the code (`python -m learntok.config`)."""
-    import inspect
-    import re
-
-    lines = []
-    for section, cls in (("model", ModelConfig), ("boundaries", BoundaryConfig), ("train", TrainConfig), ("data", DataConfig)):
-        lines += [f"### `{section}`: {inspect.getdoc(cls).splitlines()[0]}", "", "| key | default | meaning |", "|---|---|---|"]
-        for src in inspect.getsource(cls).splitlines():
-            m = re.match(r"^\s{4}(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", src)
-            if m:
-                name, default, comment = m.groups()
-                meaning = (comment or "").replace("|", "\\|")  # a bare | would split the table cell
-                lines.append(f"| `{section}.{name}` | `{default}` | {meaning} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-README_MARKERS = ("<!-- config-reference:start -->", "<!-- config-reference:end -->")
-
-
-def update_readme(path: str | Path) -> None:
-    """Rewrite the configuration reference between the README's markers."""
-    path = Path(path)
-    text = path.read_text()
-    start, end = README_MARKERS
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{start}\n{config_reference()}{end}{tail}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:2] == ["--readme"]:
-        update_readme(sys.argv[2])
-    else:
-        print(config_reference())

@@ -47,7 +47,7 @@ from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .model.unet import ByteUNet
 from .train import checkpoint as ckpt_io
 
-FORMAT_VERSION = 1  # of config.json + model.safetensors; bump when either changes meaning
+FORMAT_VERSION = 2  # of config.json + model.safetensors; bump when either changes meaning
 MODEL_TYPE = "learntok-byte-unet"
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
 TOKENIZER_CONFIG_NAME, REMOTE_CODE_NAME = "tokenizer_config.json", "learntok_hf.py"
@@ -149,7 +149,10 @@ def _write_atomic(path: Path, write) -> None:
 def model_card(meta: dict) -> str:
     """A README.md for the Hub from the contents of config.json."""
     m, b, facts = meta["model"], meta["boundaries"], meta.get("training", {})
-    strategy = STRATEGIES[b["name"]].describe(b) if b["name"] in STRATEGIES else b["name"]
+    strategy = b["name"]
+    if strategy in STRATEGIES:
+        cls = STRATEGIES[strategy]
+        strategy = cls.describe(cls.read_options(from_dict({"boundaries": b}).boundaries))
     rows = [
         ("parameters", f"{meta['num_parameters'] / 1e6:.2f}M"),
         ("width / heads", f"{m['d_model']} / {m['n_heads']}"),
@@ -290,8 +293,10 @@ def read_config(directory: str | Path) -> tuple[RunConfig, dict]:
 
 
 def _upgrade(meta: dict, version: int) -> dict:
-    """Bring an older config.json to the current format. Format 1 is the first: nothing to do yet; a
-    later format adds its step here, so that every older directory keeps loading."""
+    """Bring an older config.json to the current format; a new format adds its step here, so that every
+    older directory keeps loading. Format 1 held the strategies' options as flat keys of `boundaries`
+    (`lags`, `entropy_mode`) and `lambda_early` there: loading any config reads those (run directories and
+    checkpoints hold them too), so nothing is left to do here."""
     return meta
 
 

@@ -10,14 +10,28 @@ from learntok.data.loader import DataSources
 
 
 def tiny_config(**boundaries) -> RunConfig:
-    """A model small enough for many forward passes in a test."""
-    cfg = load_config(None, {
+    """A model small enough for many forward passes in a test. `boundaries`: its fields, and a strategy's
+    options as a mapping (`learned={"lags": 1}`)."""
+    return load_config(None, {
         "model": {"d_model": 32, "n_heads": 2, "n_down_layers": 1, "n_mid_layers": 1, "n_up_layers": 1, "window": 8},
+        "boundaries": boundaries,
         "train": {"seq_len": 64, "batch_size": 4},
     })
-    for k, v in boundaries.items():
-        setattr(cfg.boundaries, k, v)
-    return cfg
+
+
+# the prefix each strategy's options had as flat keys of `boundaries`, before they had sections
+OLD_PREFIXES = {"learned": "", "entropy": "entropy_", "dynamic_pooling": "dp_", "hnet": "hnet_", "bpe": "bpe_"}
+
+
+def flat_config(config: dict) -> dict:
+    """A saved config (`to_dict`) as learntok wrote it before the strategies had sections: their options
+    flat keys of `boundaries` (`lags`, `entropy_mode`), and `lambda_early` there instead of in `model`."""
+    old = {**config, "model": dict(config["model"]), "boundaries": dict(config["boundaries"])}
+    b = old["boundaries"]
+    for strategy, prefix in OLD_PREFIXES.items():
+        b.update({prefix + k: v for k, v in b.pop(strategy, {}).items()})
+    b["lambda_early"] = old["model"].pop("lambda_early")
+    return old
 
 
 def memory_data(cfg) -> DataSources:

@@ -184,7 +184,7 @@ def test_analyse_whitespace_model_agrees_with_word_boundaries():
 
 
 def test_analyse_learned_model_samples_and_serialises():
-    cfg = tiny_config(name="learned", lags=1)
+    cfg = tiny_config(name="learned", learned={"lags": 1})
     model = ByteUNet(cfg.model, cfg.boundaries)
     batch = text_batch(TEXTS)
     one = analyse(model, [batch], samples=1)

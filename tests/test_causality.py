@@ -59,10 +59,10 @@ def strategy_configs():
     for name in sorted(STRATEGIES):
         if name == "learned":
             for lags in (0, 1, 8):
-                yield pytest.param(name, {"lags": lags}, id=f"learned-w{lags}")
+                yield pytest.param(name, {"learned": {"lags": lags}}, id=f"learned-w{lags}")
         elif name == "entropy":
             for mode, source in (("global", "early"), ("monotonic", "early"), ("global", "own")):
-                yield pytest.param(name, {"entropy_mode": mode, "entropy_source": source}, id=f"entropy-{mode}-{source}")
+                yield pytest.param(name, {"entropy": {"mode": mode, "source": source}}, id=f"entropy-{mode}-{source}")
         else:
             yield pytest.param(name, {}, id=name)
 

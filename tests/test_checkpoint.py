@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from conftest import tiny_config
+from conftest import flat_config, tiny_config
 from test_train import memory_data, tiny_trainer
 
 from learntok.model.unet import ByteUNet
@@ -161,6 +161,26 @@ def test_incompatible_model_says_what_differs(run):
     message = str(info.value)
     assert "written by another model" in message
     assert "model.d_model: checkpoint 32, requested 48" in message and "model.n_up_layers: checkpoint 1, requested 2" in message
+
+
+def test_resuming_with_another_lambda_early_is_a_change_noted_not_another_model(run, capsys):
+    """lambda_early weighs the early-exit head's loss: `model.lambda_early` changes the objective only."""
+    capsys.readouterr()
+    run.cfg.model.lambda_early = 0.5
+    Trainer(run.cfg, run.run_dir, resume=True, progress=False, data=memory_data(run.cfg))
+    assert capsys.readouterr().out.strip() == "note: resuming with model.lambda_early=0.5 (the checkpoint had 0.1)"
+
+
+def test_a_checkpoint_with_flat_boundaries_keys_resumes_as_the_same_config(run, capsys):
+    """Written before the strategies' options had sections: read in the current layout, it differs in
+    nothing from the config that resumes it (no note, not another model)."""
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    state = json.loads((ckpt / "state.json").read_text())
+    state["config"] = flat_config(state["config"])
+    (ckpt / "state.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    resumed = Trainer(run.cfg, run.run_dir, resume=True, progress=False, data=memory_data(run.cfg))
+    assert resumed.step == 4 and "note:" not in capsys.readouterr().out
 
 
 def test_weights_of_another_size_name_the_tensors(run):

@@ -5,15 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learntok.config import CONFIG_DIR, ConfigError, load_config, parse_override
+from learntok import boundaries
+from learntok.boundaries.learned import LearnedPolicy
+from learntok.config import CONFIG_DIR, ConfigError, from_dict, load_config, parse_override, to_dict
 from learntok.model.unet import ByteUNet
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
 def error_of(*args, **kwargs) -> str:
+    """The error of loading a config as a run does: `load_config`, then the strategies' options checked."""
     with pytest.raises(ConfigError) as info:
-        load_config(*args, **kwargs)
+        boundaries.check(load_config(*args, **kwargs).boundaries)
     return str(info.value)
 
 
@@ -23,7 +26,7 @@ def test_unknown_key_names_the_nearest_valid_key():
     # the right name in the wrong section
     assert "did you mean 'model.d_model'?" in error_of(None, ["train.d_model=64"])
     assert "did you mean 'train'?" in error_of(None, ["trian.lr=1"])
-    assert "unknown config key 'boundaries.lamda_policy'" in error_of(None, ["boundaries.lamda_policy=0.1"])
+    assert "unknown config key 'boundaries.learned.lamda_policy'" in error_of(None, ["boundaries.learned.lamda_policy=0.1"])
 
 
 def test_unknown_key_in_a_file_names_the_file(tmp_path):
@@ -38,7 +41,7 @@ def test_unknown_key_in_a_file_names_the_file(tmp_path):
     ("train.lr=fast", "train.lr"),
     ("model.n_heads=2.5", "model.n_heads"),
     ("train.tensorboard=maybe", "train.tensorboard"),
-    ("boundaries.softcap=high", "boundaries.softcap"),
+    ("boundaries.learned.softcap=high", "boundaries.learned.softcap"),
     ("data.source=[1, 2]", "data.source"),
 ])
 def test_wrong_type_names_the_key(override, key):
@@ -51,9 +54,9 @@ def test_section_given_a_value_instead_of_fields():
 
 
 def test_overrides_are_typed_against_the_field():
-    cfg = load_config("cpu_default", ["train.lr=1e-3", "train.micro_batches=2", "boundaries.softcap=none",
+    cfg = load_config("cpu_default", ["train.lr=1e-3", "train.micro_batches=2", "boundaries.learned.softcap=none",
                                       "train.tensorboard=false", "train.training_bytes=3e5"])
-    assert cfg.train.lr == 1e-3 and cfg.train.micro_batches == 2 and cfg.boundaries.softcap is None
+    assert cfg.train.lr == 1e-3 and cfg.train.micro_batches == 2 and LearnedPolicy.read_options(cfg.boundaries).softcap is None
     assert cfg.train.tensorboard is False and cfg.train.training_bytes == 3e5
     assert parse_override("data.source=/tmp/x") == {"data": {"source": "/tmp/x"}}
 
@@ -61,6 +64,122 @@ def test_overrides_are_typed_against_the_field():
 def test_cross_field_checks():
     assert "micro_batches" in error_of(None, ["train.batch_size=8", "train.micro_batches=3"])
     assert "max_bad_steps" in error_of(None, ["train.max_bad_steps=0"])
+
+
+# --- the strategies' option sections -----------------------------------------------------------------
+
+# Every key of the flat `boundaries` section that configs held before the strategies had sections, with a
+# value other than its default, and the key that holds it now.
+OLD_FLAT_KEYS = {
+    "lags": (3, "boundaries.learned.lags"),
+    "scale": (8.0, "boundaries.learned.scale"),
+    "softcap": (None, "boundaries.learned.softcap"),
+    "gamma": (0.9, "boundaries.learned.gamma"),
+    "early_exit_reward": (False, "boundaries.learned.early_exit_reward"),
+    "batch_centering": ("group_loo", "boundaries.learned.batch_centering"),
+    "lambda_policy": (0.5, "boundaries.learned.lambda_policy"),
+    "lambda_target": (0.0, "boundaries.learned.lambda_target"),
+    "lambda_early": (0.25, "model.lambda_early"),
+    "entropy_mode": ("monotonic", "boundaries.entropy.mode"),
+    "entropy_source": ("own", "boundaries.entropy.source"),
+    "entropy_momentum": (0.3, "boundaries.entropy.momentum"),
+    "entropy_model_dim": (32, "boundaries.entropy.model_dim"),
+    "entropy_model_layers": (2, "boundaries.entropy.model_layers"),
+    "entropy_model_lambda": (0.2, "boundaries.entropy.model_lambda"),
+    "dp_temperature": (0.7, "boundaries.dynamic_pooling.temperature"),
+    "dp_hidden_mult": (2.0, "boundaries.dynamic_pooling.hidden_mult"),
+    "dp_lambda_prior": (0.5, "boundaries.dynamic_pooling.lambda_prior"),
+    "hnet_lambda_ratio": (0.1, "boundaries.hnet.lambda_ratio"),
+    "bpe_max_vocab": (4096, "boundaries.bpe.max_vocab"),
+}
+
+
+def value_at(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def test_an_old_flat_config_loads_into_the_sections_with_the_same_values():
+    old = {"model": {"d_model": 32, "n_heads": 2}, "train": {"seq_len": 64},
+           "boundaries": {"name": "learned", "target_rate": 0.25, "group_size": 2,
+                          **{key: value for key, (value, _) in OLD_FLAT_KEYS.items()}}}
+    cfg = from_dict(old)
+    boundaries.check(cfg.boundaries)
+    new = to_dict(cfg)
+    for key, (value, home) in OLD_FLAT_KEYS.items():
+        assert value_at(new, home) == value, key
+    assert new["boundaries"]["target_rate"] == 0.25 and new["boundaries"]["group_size"] == 2
+    assert not any(key in new["boundaries"] for key in OLD_FLAT_KEYS)  # saved again in the new layout only
+    assert to_dict(from_dict(new)) == new
+
+
+def test_old_style_overrides_work_and_the_last_given_wins():
+    cfg = load_config("cpu_default", ["boundaries.lags=1", "boundaries.entropy_mode=monotonic"])
+    boundaries.check(cfg.boundaries)
+    assert cfg.boundaries.options["learned.lags"] == 1 and cfg.boundaries.options["entropy.mode"] == "monotonic"
+    # an old and a new spelling of the same option: the one given last, whatever the spelling
+    for overrides, lags in ((["boundaries.learned.lags=2", "boundaries.lags=1"], 1),
+                            (["boundaries.lags=1", "boundaries.learned.lags=2"], 2),
+                            (["boundaries.lags=1", "boundaries.learned.gamma=0.5", "boundaries.learned.lags=2"], 2)):
+        assert LearnedPolicy.read_options(load_config("cpu_default", overrides).boundaries).lags == lags, overrides
+
+
+def test_yaml_sections_and_sections_of_other_strategies(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("boundaries:\n  name: entropy\n  target_rate: 0.2\n  entropy: {mode: monotonic}\n"
+                    "  learned: {lags: 1}\n")
+    cfg = load_config(path)
+    with torch.device("meta"):
+        model = ByteUNet(cfg.model, cfg.boundaries)
+    assert model.boundaries.options.mode == "monotonic"
+    saved = to_dict(cfg)["boundaries"]
+    assert saved["entropy"]["mode"] == "monotonic" and saved["entropy"]["source"] == "early"  # completed
+    assert saved["learned"]["lags"] == 1  # another strategy's section is kept: compare runs several
+
+
+@pytest.mark.parametrize("override, message", [
+    ("boundaries.learned.lagz=1", "unknown config key 'boundaries.learned.lagz'; did you mean 'boundaries.learned.lags'?"),
+    ("boundaries.entropy.lags=1", "unknown config key 'boundaries.entropy.lags'; did you mean 'boundaries.learned.lags'?"),
+    ("boundaries.lerned.lags=1", "unknown config key 'boundaries.lerned'; did you mean 'boundaries.learned'?"),
+    ("boundaries.lamda_policy=0.1", ("unknown config key 'boundaries.lamda_policy'; did you mean "
+                                     "'boundaries.learned.lambda_policy'?")),
+    ("boundaries.uniform.lags=1", "unknown config key 'boundaries.uniform.lags'; did you mean 'boundaries.learned.lags'?"),
+    ("boundaries.learned=5", "boundaries.learned: expected a mapping of its options, got 5"),
+    ("boundaries.name=lerned", "unknown boundary strategy 'lerned'"),
+])
+def test_unknown_sections_and_options_name_the_nearest_key(override, message):
+    assert message in error_of(None, [override])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("boundaries.learned.lags=-1", "boundaries.learned.lags=-1: must be >= 0"),
+    ("boundaries.learned.gamma=1.5", "boundaries.learned.gamma=1.5: must lie in (0, 1]"),
+    ("boundaries.learned.batch_centering=median", ("boundaries.learned.batch_centering='median': use mean, "
+                                                   "leave_one_out, group, group_loo or none")),
+    ("boundaries.entropy.mode=local", "boundaries.entropy.mode='local': use global or monotonic"),
+    ("boundaries.entropy.source=late", "boundaries.entropy.source='late': use early or own"),
+    ("boundaries.entropy.momentum=0", "boundaries.entropy.momentum=0.0: must lie in (0, 1]"),
+    ("boundaries.dynamic_pooling.temperature=0", "boundaries.dynamic_pooling.temperature=0.0: must be positive"),
+    ("boundaries.hnet.lambda_ratio=high", "boundaries.hnet.lambda_ratio: expected a number"),
+    ("boundaries.bpe.max_vocab=many", "boundaries.bpe.max_vocab: expected an integer"),
+])
+def test_each_strategys_options_reject_a_bad_value_naming_the_key(override, message):
+    # checked whichever strategy is selected: a mistake in any section fails before a run starts
+    assert message in error_of(None, ["boundaries.name=uniform", override])
+
+
+def test_importing_the_config_imports_no_torch():
+    import subprocess
+    import sys
+    code = "import sys, learntok.config; assert 'torch' not in sys.modules and 'learntok.boundaries' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lambda_early_moved_to_the_model_and_its_old_key_still_works():
+    assert load_config(None, ["boundaries.lambda_early=0.3"]).model.lambda_early == 0.3
+    assert load_config(None, {"boundaries": {"lambda_early": 0.3}}).model.lambda_early == 0.3  # a saved config
+    assert load_config(None, ["model.lambda_early=0.2"]).model.lambda_early == 0.2
 
 
 @pytest.mark.parametrize("name", SHIPPED)

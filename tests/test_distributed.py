@@ -44,16 +44,15 @@ def rank_data(cfg, rank: int, world: int) -> DataSources:
 
 
 def config(parallel: str, steps: int, **train):
-    """`train` sets train.* fields, and boundaries.* fields where the key starts with `boundaries_`."""
-    cfg = tiny_config()
+    """`train` sets train.* fields, and boundaries.* keys where the key starts with `boundaries_` (a
+    strategy's options as a mapping: `boundaries_learned={...}`)."""
+    cfg = tiny_config(**{k.removeprefix("boundaries_"): v for k, v in train.items() if k.startswith("boundaries_")})
     t = cfg.train
     t.seq_len, t.batch_size, t.parallel = SEQ, BATCH, parallel
     t.tensorboard, t.threads, t.log_every, t.eval_batches = False, 1, 1, 2
     t.training_bytes, t.warmup_bytes, t.eval_every, t.checkpoint_every = steps * BATCH * SEQ, 1000, 2, 0
     for k, v in train.items():
-        if k.startswith("boundaries_"):
-            setattr(cfg.boundaries, k.removeprefix("boundaries_"), v)
-        else:
+        if not k.startswith("boundaries_"):
             setattr(t, k, v)
     return cfg
 
@@ -128,7 +127,7 @@ def test_ddp_with_micro_batches_matches_one_process(single, tmp_path):
 def test_ddp_with_boundary_groups_matches_one_process(tmp_path):
     """K = 2 draws per sequence, centred within each sequence's draws: each rank holds whole groups, and
     2 ranks x 2 micro-batches give the one-process run's metrics."""
-    groups = dict(boundaries_group_size=2, boundaries_batch_centering="group_loo")
+    groups = dict(boundaries_group_size=2, boundaries_learned={"batch_centering": "group_loo"})
     single = run_single(tmp_path / "single", steps=4, **groups)
     assert_same_metrics(run_ranks(2, "ddp", tmp_path / "run", steps=4, micro_batches=2, **groups), single)
 

@@ -19,17 +19,17 @@ from conftest import random_inputs, taking, tiny_config
 N_BYTES = 6
 
 
-def make_model(seed=0, n_bytes=N_BYTES, **boundaries):
+def make_model(seed=0, n_bytes=N_BYTES, group_size=1, **learned):
     torch.manual_seed(seed)
-    opts = dict(name="learned", lags=2, gamma=1.0, early_exit_reward=False, batch_centering="none",
-                lambda_target=0.0, lambda_early=0.0)
-    opts.update(boundaries)
-    cfg = tiny_config(**opts)
+    opts = dict(lags=2, gamma=1.0, early_exit_reward=False, batch_centering="none", lambda_target=0.0)
+    opts.update(learned)
+    cfg = tiny_config(name="learned", group_size=group_size, learned=opts)
     cfg.model.window = 4
+    cfg.model.lambda_early = 0.0
     model = ByteUNet(cfg.model, cfg.boundaries)
     with torch.no_grad():  # a policy far from uniform, so the policy gradient matters
         model.boundaries.proj.weight.normal_(std=2.0)
-    model.boundaries.cfg.lambda_policy = (n_bytes - 1) / n_bytes  # n_decide / n
+    model.boundaries.options.lambda_policy = (n_bytes - 1) / n_bytes  # n_decide / n
     return model
 
 
@@ -148,7 +148,7 @@ def test_leave_one_out_centering_is_unbiased_and_mean_centering_scales_the_polic
     model = make_model(batch_centering="leave_one_out", n_bytes=n)
     exact, _ = exact_gradient(model, n_bytes=n)
     assert close(estimator_expectation(model, rows=2, n_bytes=n), exact)
-    model.boundaries.cfg.batch_centering = "mean"
+    model.boundaries.options.batch_centering = "mean"
     auto, _ = exact_gradient(model, "auto", n_bytes=n)
     policy, _ = exact_gradient(model, "policy", n_bytes=n)
     # the batch mean includes the row itself: the policy term shrinks by (B - 1) / B, nothing else

@@ -41,10 +41,10 @@ def make_model(name="learned", seed=0, **extra):
 
 # learned with the paper's lags, then every other registered strategy: those that do not implement
 # `step` yet are skipped, and are tested the day they do
-GENERATING = [pytest.param("learned", {"lags": w}, id=f"learned-w{w}") for w in (0, 1, 8)] + [
+GENERATING = [pytest.param("learned", {"learned": {"lags": w}}, id=f"learned-w{w}") for w in (0, 1, 8)] + [
     pytest.param(name, {}, id=name) for name in sorted(STRATEGIES) if name != "learned"] + [
-    pytest.param("entropy", {"entropy_mode": "monotonic"}, id="entropy-monotonic"),
-    pytest.param("entropy", {"entropy_source": "own"}, id="entropy-own")]
+    pytest.param("entropy", {"entropy": {"mode": "monotonic"}}, id="entropy-monotonic"),
+    pytest.param("entropy", {"entropy": {"source": "own"}}, id="entropy-own")]
 
 
 def generating_model(name, extra):
@@ -104,7 +104,7 @@ def test_prefill_and_steps_match_forward_per_row(name, extra, training):
 def test_learned_prefill_decides_the_prompt_in_one_pass(monkeypatch):
     """The learned policy's prompt goes through its batched scan, not `step`, and leaves the history
     `step` would have left: the bytes after it are those of a prefill done byte by byte."""
-    model = make_model("learned", lags=8)
+    model = make_model("learned", learned={"lags": 8})
     x = random_inputs(2, 40, seed=4)
     u = torch.rand(2, 48, generator=torch.Generator().manual_seed(5))
 
@@ -203,7 +203,7 @@ class ScriptedHead(torch.nn.Module):
 
 
 def test_stops_at_eos_and_decodes_incomplete_utf8():
-    model = make_model("learned", lags=1)
+    model = make_model("learned", learned={"lags": 1})
     model.head = ScriptedHead([0x41, 0xE2, 0x82])  # "A" then two bytes of the three of "€", then EOS
     out = generate(model, "x", max_bytes=10, seed=0)
     assert out.stop == "eos" and out.data == b"A\xe2\x82"
@@ -234,7 +234,7 @@ class RowScriptedHead(torch.nn.Module):
 
 
 def test_a_batch_of_prompts_stops_row_by_row():
-    model = make_model("learned", lags=1)
+    model = make_model("learned", learned={"lags": 1})
     model.head = RowScriptedHead([[0x41], [0x42, 0x43, 0x44]])
     first, second = generate(model, ["xy", "zw"], max_bytes=10, seed=0)
     assert (first.data, first.stop) == (b"A", "eos") and (second.data, second.stop) == (b"BCD", "eos")
@@ -256,7 +256,7 @@ def test_a_batch_of_prompts_generates_what_each_generates_alone(name, extra):
 
 
 def test_generate_api_is_seeded():
-    model = make_model("learned", lags=8)
+    model = make_model("learned", learned={"lags": 8})
     a = generate(model, "The ", max_bytes=40, seed=3, top_k=20).text
     assert isinstance(a, str)
     assert a == generate(model, "The ", max_bytes=40, seed=3, top_k=20).text
@@ -294,7 +294,7 @@ def test_score_is_bits_per_byte():
     assert len(windows) > 2
     assert chunked.bits == pytest.approx(sum(window_bits(model, c, x) for c, x in windows), rel=1e-5)
     # sampled boundaries: the same numbers as `learntok eval`'s scorer, per draw
-    learned = make_model("learned", lags=8)
+    learned = make_model("learned", learned={"lags": 8})
     two = score(learned, text, samples=2, seed=2)
     (reference,) = UNetScorer(learned, samples=2, seed=2, max_len=512).score([(b"", data)])
     assert two.bits == pytest.approx(reference.nll_nats / math.log(2), rel=1e-6)

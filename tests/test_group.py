@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from learntok.boundaries import build_strategy
+from learntok.boundaries import build_strategy, check
 from learntok.config import ConfigError, load_config
 from learntok.data.batch import Batch
 from learntok.model.unet import ByteUNet
@@ -127,7 +127,8 @@ def test_encoder_runs_once_per_sequence_and_the_decoder_once_per_draw():
 
 
 def test_language_model_loss_is_the_mean_over_draws():
-    cfg = tiny_config(group_size=2, lambda_early=0.0, lambda_policy=0.0, lambda_target=0.0)
+    cfg = tiny_config(group_size=2, learned={"lambda_policy": 0.0, "lambda_target": 0.0})
+    cfg.model.lambda_early = 0.0
     model = ByteUNet(cfg.model, cfg.boundaries).train()
     batch = Batch.from_sequences(random_inputs(1, 33, seed=2))
     draws = torch.rand(2, 32, generator=torch.Generator().manual_seed(3)) < 0.3
@@ -146,7 +147,7 @@ def test_group_centering_worked_example_and_padding():
 
 def test_config_checks():
     with pytest.raises(ConfigError, match="group_size >= 2"):
-        load_config(None, ["boundaries.batch_centering=group_loo"])
+        check(load_config(None, ["boundaries.learned.batch_centering=group_loo"]).boundaries)
     with pytest.raises(ConfigError, match="group_size"):
         load_config(None, ["boundaries.group_size=0"])
     cfg = load_config(None, ["boundaries.name=uniform", "boundaries.group_size=2"])
@@ -157,7 +158,7 @@ def test_config_checks():
 def test_trainer_step_draws_uniforms_for_every_draw_and_counts_their_flops(tmp_path, keep_threads):
     from learntok.train.trainer import Trainer
     from conftest import memory_data
-    cfg = tiny_config(group_size=3, batch_centering="group_loo")
+    cfg = tiny_config(group_size=3, learned={"batch_centering": "group_loo"})
     cfg.train.tensorboard, cfg.train.threads = False, 1
     trainer = Trainer(cfg, tmp_path / "run", progress=False, data=memory_data(cfg))
     batch = trainer.data.train.next_batch()

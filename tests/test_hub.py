@@ -12,7 +12,7 @@ from learntok.hub import FORMAT_VERSION, ModelLoadError, default_context, from_p
 from learntok.model.unet import ByteUNet
 from learntok.train import checkpoint as ckpt_io
 
-from conftest import random_inputs, tiny_config
+from conftest import flat_config, random_inputs, tiny_config
 
 
 def make_model(name="learned", seed=0):
@@ -44,7 +44,7 @@ def test_round_trip_identical_logits(tmp_path, name):
     card = (tmp_path / "m" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: learntok") and f"{meta['num_parameters'] / 1e6:.2f}M" in card
     assert '"d_model": 32' in card and "not recorded" in card
-    described = {"learned": f"learned (w = {meta['boundaries']['lags']} lags)", "uniform": "uniform"}[name]
+    described = f"learned (w = {meta['boundaries']['learned']['lags']} lags)" if name == "learned" else "uniform"
     assert f"| boundary strategy | {described} |" in card  # the strategy describes itself
 
 
@@ -74,6 +74,25 @@ def test_training_run_directory(tmp_path):
     again = from_pretrained(tmp_path / "hf")
     assert again.info.run_known and again.info.config.train.seq_len == 64
     assert torch.equal(logits(model), logits(again))
+
+
+def test_run_and_model_directories_written_with_flat_boundaries_keys_still_load(tmp_path):
+    """Directories written before the strategies' options had sections (format 1, flat `boundaries.lags`,
+    `boundaries.lambda_early`) load with the same config and the same logits."""
+    torch.manual_seed(0)
+    cfg = tiny_config(learned={"lags": 1, "gamma": 0.5})  # other than the defaults: the weights' shape says so
+    cfg.model.lambda_early = 0.3
+    model = ByteUNet(cfg.model, cfg.boundaries).eval()
+    old = flat_config(to_dict(cfg))
+    assert old["boundaries"]["lags"] == 1 and "learned" not in old["boundaries"]
+    run = tmp_path / "run"
+    ckpt_io.save_checkpoint(run, 7, model, None, {"bytes_seen": 3584, "config": old})
+    save_pretrained(model, tmp_path / "m")
+    edit_config(tmp_path / "m", lambda m: m.update(flat_config(m), format_version=1))
+    for path in (run, tmp_path / "m"):
+        loaded = from_pretrained(path)
+        assert loaded.boundaries.options == model.boundaries.options and loaded.cfg == model.cfg
+        assert torch.equal(logits(model), logits(loaded))
 
 
 @pytest.fixture

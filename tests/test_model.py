@@ -21,7 +21,7 @@ def test_cpu_default_size_and_flops_accounting():
     # per byte block: qkv + out (4d^2) + GeGLU with hidden d (3d^2); per token block hidden 4d (12d^2)
     assert p["token"] == 2 * (4 * d * d + 12 * d * d)
     heads = 2 * 259 * d
-    assert p["byte"] == 4 * (4 * d * d + 3 * d * d) + heads + d * (1 + cfg.boundaries.lags)
+    assert p["byte"] == 4 * (4 * d * d + 3 * d * d) + heads + d * (1 + model.boundaries.options.lags)
     assert model.flops(10, 2) == 6 * (p["byte"] * 10 + p["token"] * 2)
     # K draws per byte: the decoder and final head K times, encoder, policy and early-exit head once;
     # n_tokens already counts every draw's tokens
@@ -55,7 +55,7 @@ def test_initial_rate_is_target_and_padding_holds_no_boundary_or_loss():
 
 def test_sampled_decisions_agree_with_recomputed_probabilities():
     # the scan decides with thresholds; the recomputed log-probabilities must describe the same draw
-    cfg = tiny_config(lags=8)
+    cfg = tiny_config(learned={"lags": 8})
     model = ByteUNet(cfg.model, cfg.boundaries)
     with torch.no_grad():
         model.boundaries.proj.weight.normal_(std=1.0)
@@ -73,7 +73,7 @@ def test_sampled_decisions_agree_with_recomputed_probabilities():
 
 
 def test_eval_mode_drops_the_policy_softcap():
-    cfg = tiny_config(softcap=1.0, lags=0)  # a tiny cap so that the difference shows; no history
+    cfg = tiny_config(learned={"softcap": 1.0, "lags": 0})  # a tiny cap so that the difference shows; no history
     model = ByteUNet(cfg.model, cfg.boundaries)
     with torch.no_grad():
         model.boundaries.proj.weight.normal_(std=5.0)

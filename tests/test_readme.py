@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from conftest import tiny_config
-from learntok.config import README_MARKERS, config_reference
+from learntok.reference import README_MARKERS, config_reference
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -15,7 +15,7 @@ def test_config_reference_is_current():
     text = README.read_text()
     start, end = README_MARKERS
     section = text.split(start, 1)[1].split(end, 1)[0]
-    assert section.strip() == config_reference().strip(), "run: python -m learntok.config --readme README.md"
+    assert section.strip() == config_reference().strip(), "run: python -m learntok.reference --readme README.md"
 
 
 def test_readme_commands_match_ci():

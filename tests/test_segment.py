@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    cfg = tiny_config(name="learned", lags=1)
+    cfg = tiny_config(name="learned", learned={"lags": 1})
     m = ByteUNet(cfg.model, cfg.boundaries).eval()
     with torch.no_grad():  # probabilities spread over (0, 1), so colours vary
         m.boundaries.proj.weight.normal_(std=8.0)

@@ -103,7 +103,7 @@ def test_entropy_rule_worked_example():
     strat.active.fill_(True)
     # global: a_i = [H_i > 1]; H_i is the entropy of the prediction of byte i + 1, made at i
     assert strat(entropy_input(H)).a[0].int().tolist() == [1, 1, 0, 0, 1, 1, 0, 1]
-    mono = build_strategy(tiny_config(name="entropy", entropy_mode="monotonic").boundaries, 8)
+    mono = build_strategy(tiny_config(name="entropy", entropy={"mode": "monotonic"}).boundaries, 8)
     mono.threshold.fill_(0.5)
     mono.calibrations.fill_(1)
     mono.active.fill_(True)
@@ -112,7 +112,7 @@ def test_entropy_rule_worked_example():
 
 
 def test_entropy_calibration_hits_the_rate_and_is_a_checkpointed_buffer():
-    cfg = tiny_config(name="entropy", target_rate=0.25, entropy_momentum=0.5).boundaries
+    cfg = tiny_config(name="entropy", target_rate=0.25, entropy={"momentum": 0.5}).boundaries
     strat = build_strategy(cfg, 8).train()
     g = torch.Generator().manual_seed(0)
     B, T = 16, 64
@@ -141,7 +141,7 @@ def test_entropy_calibration_on_the_device_equals_the_quantile_recipe():
     """The update reads nothing back from the device; it must equal the plain recipe: torch.quantile of
     the decided scores at the level that gives the target rate, then Holt's smoothing (no update for a
     batch without decided positions)."""
-    cfg = tiny_config(name="entropy", target_rate=0.25, entropy_momentum=0.3).boundaries
+    cfg = tiny_config(name="entropy", target_rate=0.25, entropy={"momentum": 0.3}).boundaries
     strat = build_strategy(cfg, 8).train()
     g = torch.Generator().manual_seed(0)
     level = trend = threshold = 0.0
@@ -289,7 +289,7 @@ def test_supplied_strategies_mask_and_refuse_none():
 @pytest.mark.parametrize("name,extra,added", [
     ("uniform", {}, lambda d: 0), ("random", {}, lambda d: 0), ("whitespace", {}, lambda d: 0),
     ("bpe", {}, lambda d: 0), ("file", {}, lambda d: 0), ("entropy", {}, lambda d: 0),
-    ("entropy", {"entropy_source": "own", "entropy_model_dim": 32, "entropy_model_layers": 1},
+    ("entropy", {"entropy": {"source": "own", "model_dim": 32, "model_layers": 1}},
      lambda d: 4 * 32 * 32 + 3 * 32 * 32 + 32 * VOCAB_SIZE),  # attention, GeGLU (hidden 32), head
     ("dynamic_pooling", {}, lambda d: d * d + d), ("hnet", {}, lambda d: 2 * d * d), ("learned", {}, lambda d: 9 * d),
 ])
@@ -388,15 +388,15 @@ def test_each_strategy_trains(name, tmp_path, one_thread):
         assert 0.0 < rate < 1.0
 
 
-@pytest.mark.parametrize("extra", [{}, {"entropy_mode": "monotonic"}, {"entropy_source": "own", "entropy_model_dim": 32}],
+@pytest.mark.parametrize("extra", [{}, {"mode": "monotonic"}, {"source": "own", "model_dim": 32}],
                          ids=["global-early", "monotonic-early", "global-own"])
 def test_entropy_variants_leave_the_uniform_start_and_keep_the_rate(extra, tmp_path, one_thread):
-    rows = train_a_few_steps("entropy", steps=60, tmp_path=tmp_path, **extra)
+    rows = train_a_few_steps("entropy", steps=60, tmp_path=tmp_path, entropy=extra)
     assert_learns(rows)
     active = [r["entropy_active"] for r in rows]
     assert active[0] == 0 and np.mean(active[-10:]) > 0.5  # entropy decisions once the threshold is calibrated
     assert abs(np.mean([r["boundary_rate"] for r, on in zip(rows, active) if on]) - 0.2) < 0.05
-    if "entropy_source" in extra:
+    if "source" in extra:
         assert rows[-1]["loss_entropy_model"] < rows[0]["loss_entropy_model"]
 
 
@@ -405,7 +405,7 @@ def test_entropy_variants_leave_the_uniform_start_and_keep_the_rate(extra, tmp_p
     {"lags": 0}, {"lags": 1}, {"lags": 8}, {"lambda_target": 0.0},
 ], ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))
 def test_learned_ablations_train(extra, tmp_path, one_thread):
-    rows = train_a_few_steps("learned", steps=16, tmp_path=tmp_path, **extra)
+    rows = train_a_few_steps("learned", steps=16, tmp_path=tmp_path, learned=extra)
     assert_learns(rows)
     assert 0.05 < realised_rate(rows) < 0.4
 

@@ -60,7 +60,7 @@ def plain_loss(model, batch, u):
     loss_early = -masked_mean(logp_early, batch.valid)
     aux = model.boundaries.losses(out.boundaries, loss_inputs)
     model.boundaries.update(out.boundaries, loss_inputs)
-    loss = loss_auto + model.boundaries.cfg.lambda_early * loss_early + sum(w * v for w, v in aux.values())
+    loss = loss_auto + model.cfg.lambda_early * loss_early + sum(w * v for w, v in aux.values())
     real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
     metrics = {"loss": loss.detach(), "bpb": loss_auto.detach() / LN2, "early_bpb": loss_early.detach() / LN2,
                "boundary_rate": masked_mean(out.boundaries.a.float(), real), "tokens": torch.tensor(out.tok_real.numel()),
@@ -89,7 +89,7 @@ def test_micro_batches_give_the_whole_batch_gradient(centering, pieces, recomput
     batch = padded_batch()
     rows, T = batch.inputs.shape
     u = torch.rand((rows * group, T), generator=torch.Generator().manual_seed(5))  # every draw's uniforms
-    ref_model = model_for(batch_centering=centering, group_size=group)
+    ref_model = model_for(learned={"batch_centering": centering}, group_size=group)
     acc_model = copy.deepcopy(ref_model)
     g_ref, m_ref = one_pass(ref_model, batch, u)
     g_acc, m_acc = accumulated(acc_model, batch, u, pieces, recompute)

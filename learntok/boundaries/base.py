@@ -10,6 +10,9 @@ is one new module and a line in the registry (`boundaries/__init__.py`):
   files        `save_files`, `load_files`, `keep_segmenter`; accounting `n_matrix_params`
   capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `user_supplied`, `can_segment`,
                `describe`
+  options      `options_class`: a dataclass of the strategy's own options, the config section
+               `boundaries.<name>` (subclass `StrategyOptions` in the strategy's module); the strategy
+               reads them typed as `self.options`
 
 Conventions: `a[b, i] = True` means a token ends at byte i, so the token built at i is visible to the
 prediction made at position i (of byte i + 1) and later. `a[:, 0]` is always True (BOS is its own
@@ -24,14 +27,42 @@ Generation (optional): a strategy that can decide boundaries one byte at a time 
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from ..config import BoundaryConfig
+from ..config import BoundaryConfig, ConfigError, fill
 from ..model import resample
+
+
+@dataclass
+class StrategyOptions:
+    """A strategy's own options, the config section named after it (`boundaries.learned.lags`). A strategy
+    that has options subclasses this in its module as a dataclass with a comment on every field (the
+    README's configuration reference is generated from them); this base, with no fields, serves the
+    strategies that have none."""
+
+    # Older configs held the options as flat keys of `boundaries`, each named this prefix + the field's
+    # name (`entropy_mode`); they still load. None: options that never had flat names.
+    flat_prefix: ClassVar[str | None] = None
+
+    @classmethod
+    def flat_field(cls, key: str) -> str | None:
+        """The field that `key`, a flat key of an older config's `boundaries` section, names, or None."""
+        if cls.flat_prefix is None or not key.startswith(cls.flat_prefix):
+            return None
+        name = key[len(cls.flat_prefix):]
+        return name if name in {f.name for f in dataclasses.fields(cls)} else None
+
+    def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
+        """(field, what is wrong with its value) for each value that cannot be used; `cfg` holds the
+        common fields (`group_size`, ...) that a value may have to agree with."""
+        yield from ()
 
 
 @dataclass
@@ -109,15 +140,36 @@ class BoundaryStrategy(nn.Module):
     # its boundaries are a user's own segmentation, which no corpus has unless the user prepared it so
     # (left out of `learntok compare`'s default list)
     user_supplied: bool = False
+    options_class: type[StrategyOptions] = StrategyOptions  # its options, `boundaries.<name>.*`
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg  # the common fields: target_rate, group_size
+        self.options = self.read_options(cfg)
         self.d_model = d_model
 
     @classmethod
-    def describe(cls, cfg: dict) -> str:
-        """The strategy in a few words, from its config section (a model card's table)."""
+    def read_options(cls, cfg: BoundaryConfig, also: Iterable[str] = ()) -> StrategyOptions:
+        """This strategy's options in `cfg`: its section, and its flat keys of older configs, the one given
+        last winning. An unknown field, a wrong type or an unusable value is a ConfigError naming the key
+        (`also`: other strategies' keys, for the nearest-key hint). Keys of other strategies are theirs:
+        `learntok.boundaries.check` checks every key."""
+        values = {}
+        for key, value in cfg.options.items():
+            section, _, name = key.partition(".")
+            if section == cls.name and name:
+                values[name] = value
+            elif not name and (field := cls.options_class.flat_field(key)):
+                values[field] = value
+        options = cls.options_class()
+        fill(options, values, f"boundaries.{cls.name}.", also)
+        for field, problem in options.problems(cfg):
+            raise ConfigError(f"boundaries.{cls.name}.{field}={getattr(options, field)!r}: {problem}")
+        return options
+
+    @classmethod
+    def describe(cls, options: StrategyOptions) -> str:
+        """The strategy in a few words, given its options (a model card's table)."""
         return cls.name
 
     @property

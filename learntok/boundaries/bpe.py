@@ -27,14 +27,24 @@ so a small corpus may not reach 0.2; the fit reports what it reached).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..data.shards import BPE_TRACK
+from .base import StrategyOptions
 from .supplied import SuppliedBoundaries
 
 SEGMENTER_FILE = "bpe_tokenizer.json"
+
+
+@dataclass
+class BpeOptions(StrategyOptions):
+    """BPE guidance (paper §4.3), boundaries/bpe.py."""
+
+    flat_prefix = "bpe_"  # older configs: `boundaries.bpe_max_vocab`
+    max_vocab: int = 65536  # demo corpus only: largest vocabulary tried when fitting BPE to target_rate
 
 
 class BpeGuidance(SuppliedBoundaries):
@@ -47,6 +57,7 @@ class BpeGuidance(SuppliedBoundaries):
 
     name = "bpe"
     supplied_track = BPE_TRACK
+    options_class = BpeOptions
     how_to_supply = ("Train on data.source=demo (BPE boundaries are computed at start-up) or on a dataset prepared "
                      "with BPE boundaries: `learntok prepare INPUT --out DIR --bpe-rate 0.2`, or for an existing "
                      "dataset `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`.")

@@ -26,23 +26,39 @@ information); logit(target) is added as a constant so that the predictor starts 
 (Nawrot's starts at 0.5 and the prior pulls it down; `ByteUNet.reset_parameters` re-initialises every
 linear layer anyway); no learned null group and no LayerNorm after pooling (BOS is the first token and
 the token-level blocks start with RMSNorm); the prior loss counts valid bytes (forced boundaries
-included, as constants) instead of the padded length, and has weight `dp_lambda_prior` (1 in Nawrot).
+included, as constants) instead of the padded length, and has weight `lambda_prior` (1 in Nawrot).
 Boundaries are sampled in evaluation too, as in Nawrot's code.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..config import BoundaryConfig, ConfigError
+from ..config import BoundaryConfig
 from ..objectives import masked_mean
-from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
+from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
+                   StrategyOptions)
 
 _EPS = 1e-6  # keeps log u and log(1 - u) finite
+
+
+@dataclass
+class DynamicPoolingOptions(StrategyOptions):
+    """Dynamic pooling (Nawrot et al. 2023), boundaries/dynamic_pooling.py."""
+
+    flat_prefix = "dp_"  # older configs: `boundaries.dp_temperature`, ...
+    temperature: float = 0.5  # Gumbel-sigmoid (relaxed Bernoulli) temperature
+    hidden_mult: float = 1.0  # boundary-predictor MLP hidden = hidden_mult * d_model
+    lambda_prior: float = 1.0  # weight of the binomial-prior loss
+
+    def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
+        if self.temperature <= 0:
+            yield "temperature", "must be positive"
 
 
 def binomial_log_pmf(k: torch.Tensor, n: torch.Tensor, p: float) -> torch.Tensor:
@@ -71,12 +87,12 @@ class DynamicPooling(BoundaryStrategy):
     name = "dynamic_pooling"
     stochastic = True
     thresholdable = True  # Gumbel-sigmoid: a = [l > -logit(u)]
+    options_class = DynamicPoolingOptions
+    options: DynamicPoolingOptions
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)
-        if cfg.dp_temperature <= 0:
-            raise ConfigError(f"boundaries.dp_temperature={cfg.dp_temperature} must be positive")
-        hidden = max(1, int(cfg.dp_hidden_mult * d_model))
+        hidden = max(1, int(self.options.hidden_mult * d_model))
         self.predictor = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, 1))
         self.offset = math.log(cfg.target_rate / (1 - cfg.target_rate))
 
@@ -87,7 +103,7 @@ class DynamicPooling(BoundaryStrategy):
         logits = self.predictor(hidden).squeeze(-1).float() + self.offset
         u = uniforms if uniforms is not None else torch.rand(logits.shape, generator=generator, device=logits.device)
         u = u.float().clamp(_EPS, 1 - _EPS)
-        soft = torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.cfg.dp_temperature)
+        soft = torch.sigmoid((logits + torch.log(u) - torch.log1p(-u)) / self.options.temperature)
         hard = soft > 0.5
         return soft, hard, torch.sigmoid(logits).masked_fill(forced, 1.0)
 
@@ -137,7 +153,7 @@ class DynamicPooling(BoundaryStrategy):
         n = real.sum(1).float()  # (B,)
         k = (bnd.st * real).sum(1)  # straight-through count of boundaries
         prior = (-binomial_log_pmf(k, n, self.cfg.target_rate) / n.clamp(min=1)).mean()
-        return {"prior": (self.cfg.dp_lambda_prior, prior)}
+        return {"prior": (self.options.lambda_prior, prior)}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         decide = inp.valid & ~inp.forced

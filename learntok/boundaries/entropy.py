@@ -12,12 +12,12 @@ high. That entropy is produced at position t - 1 (the logits at i predict byte i
 starting at t is a token ending at t - 1 in our convention, so a_i = [H_i > theta] with H_i computed from
 bytes <= i: causal. The token that ends there is then visible exactly when the hard byte is predicted.
 
-Where H comes from (`entropy_source`):
+Where H comes from (`boundaries.entropy.source`):
   - `early` (default): the early-exit head of the U-Net (a free small byte LM trained by L_early; its
     logits are detached here, so the boundaries send no gradient anywhere). Adds no parameters.
-  - `own`: a separate small byte LM owned by this strategy (embedding, `entropy_model_layers`
-    sliding-window blocks of width `entropy_model_dim`, head), as BLT's separately trained entropy model.
-    It reads only the bytes and is trained by its own next-byte loss (weight `entropy_model_lambda`),
+  - `own`: a separate small byte LM owned by this strategy (embedding, `model_layers` sliding-window
+    blocks of width `model_dim`, head), as BLT's separately trained entropy model.
+    It reads only the bytes and is trained by its own next-byte loss (weight `model_lambda`),
     jointly with the U-Net but with no gradient path between them. Its matrix parameters (embedding
     excluded, as for the U-Net) count in the FLOPs.
 
@@ -26,7 +26,7 @@ threshold forecast from the previous steps, never the current batch's quantile, 
 later bytes (and on other rows). After the step's boundaries were drawn, `losses()` (training mode only,
 once per loss call, i.e. per micro-batch under accumulation) takes the batch's quantile q_t of the scores
 at the decided positions, at the level that gives `target_rate` boundaries once the forced ones are
-counted, and updates a forecast by Holt's linear exponential smoothing, m = `entropy_momentum`:
+counted, and updates a forecast by Holt's linear exponential smoothing, m = `momentum`:
 
     level_t = m q_t + (1 - m)(level_{t-1} + trend_{t-1})
     trend_t = m (level_t - level_{t-1}) + (1 - m) trend_{t-1}
@@ -48,22 +48,45 @@ the causality test are pure.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import BoundaryConfig, ConfigError
+from ..config import BoundaryConfig
 from ..data.batch import BOS, VOCAB_SIZE
 from ..model.layers import RMSNorm, Stack, StackCache
 from ..objectives import masked_mean
-from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
+from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
+                   StrategyOptions)
 from .uniform import uniform_boundaries
 
 MODES = ("global", "monotonic")
 SOURCES = ("early", "own")
 OWN_MODEL_WINDOW = 64  # sliding window of the own entropy model (the U-Net's default)
+
+
+@dataclass
+class EntropyOptions(StrategyOptions):
+    """Entropy patching (BLT, Pagnoni et al. 2024), boundaries/entropy.py."""
+
+    flat_prefix = "entropy_"  # older configs: `boundaries.entropy_mode`, ...
+    mode: str = "global"  # global: a_i = [H_i > theta]; monotonic: a_i = [H_i - H_{i-1} > theta]
+    source: str = "early"  # early: entropy of the early-exit head; own: of a small byte LM of its own
+    momentum: float = 0.5  # smoothing weight of each training batch's rate quantile (Holt's level and trend)
+    model_dim: int = 64  # own entropy model: width
+    model_layers: int = 1  # own entropy model: sliding-window blocks
+    model_lambda: float = 0.1  # own entropy model: weight of its next-byte loss
+
+    def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
+        if self.mode not in MODES:
+            yield "mode", f"use {' or '.join(MODES)}"
+        if self.source not in SOURCES:
+            yield "source", f"use {' or '.join(SOURCES)}"
+        if not 0.0 < self.momentum <= 1.0:
+            yield "momentum", "must lie in (0, 1]"
 
 
 def next_byte_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -101,7 +124,7 @@ class ByteEntropyModel(nn.Module):
 class EntropyBoundaries(Boundaries):
     score: torch.Tensor | None = None  # (B, T) what is compared with the threshold (entropy, or its rise)
     entropy: torch.Tensor | None = None  # (B, T) next-byte entropy H_i
-    own_nll: torch.Tensor | None = None  # (B, T - 1) the own entropy model's next-byte loss (entropy_source=own)
+    own_nll: torch.Tensor | None = None  # (B, T - 1) the own entropy model's next-byte loss (source=own)
     own_mask: torch.Tensor | None = None  # (B, T - 1) where that loss counts
 
 
@@ -116,16 +139,13 @@ class EntropyCache:
 
 class EntropyPatching(BoundaryStrategy):
     name = "entropy"
+    options_class = EntropyOptions
+    options: EntropyOptions
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)
-        if cfg.entropy_mode not in MODES:
-            raise ConfigError(f"boundaries.entropy_mode={cfg.entropy_mode!r}: use {' or '.join(MODES)}")
-        if cfg.entropy_source not in SOURCES:
-            raise ConfigError(f"boundaries.entropy_source={cfg.entropy_source!r}: use {' or '.join(SOURCES)}")
-        if not 0.0 < cfg.entropy_momentum <= 1.0:
-            raise ConfigError(f"boundaries.entropy_momentum={cfg.entropy_momentum} must lie in (0, 1]")
-        self.own = ByteEntropyModel(cfg.entropy_model_dim, cfg.entropy_model_layers) if cfg.entropy_source == "own" else None
+        options = self.options
+        self.own = ByteEntropyModel(options.model_dim, options.model_layers) if options.source == "own" else None
         self.register_buffer("threshold", torch.zeros(()))  # theta, calibrated to the target rate
         self.register_buffer("level", torch.zeros(()))  # Holt's smoothing of the batch quantiles: level
         self.register_buffer("trend", torch.zeros(()))  # and trend per update
@@ -152,9 +172,9 @@ class EntropyPatching(BoundaryStrategy):
         elif inp.early_logits is not None:
             logits = inp.early_logits.detach()
         else:
-            raise ValueError("entropy_source=early needs the early-exit logits (BoundaryInput.early_logits)")
+            raise ValueError("boundaries.entropy.source=early needs the early-exit logits (BoundaryInput.early_logits)")
         H = next_byte_entropy(logits)  # (B, T), H_i from bytes <= i
-        if self.cfg.entropy_mode == "monotonic":
+        if self.options.mode == "monotonic":
             score = H - F.pad(H[:, :-1], (1, 0))  # H_i - H_{i-1}
         else:
             score = H
@@ -178,9 +198,9 @@ class EntropyPatching(BoundaryStrategy):
         elif inp.early_logits is not None:
             logits = inp.early_logits
         else:
-            raise ValueError("entropy_source=early needs the early-exit logits (BoundaryStepInput.early_logits)")
+            raise ValueError("boundaries.entropy.source=early needs the early-exit logits (BoundaryStepInput.early_logits)")
         H = next_byte_entropy(logits)  # (B,)
-        score = H - cache.previous if self.cfg.entropy_mode == "monotonic" else H
+        score = H - cache.previous if self.options.mode == "monotonic" else H
         cache.previous = H
         a = torch.where(self.active, score > self.threshold, cache.pattern[inp.position]) | inp.forced
         return BoundaryStep(a=a, probs=a.float())
@@ -201,7 +221,7 @@ class EntropyPatching(BoundaryStrategy):
         q = below + (pos - lo) * (above - below)
         # would the threshold these decisions used have hit the rate on this batch (within 50%)?
         check = ((values > self.threshold) & mask).sum() / n.clamp(min=1)
-        m = self.cfg.entropy_momentum
+        m = self.options.momentum
         first = self.calibrations == 0  # the first update sets level = q, trend = 0
         level = torch.where(first, q, m * q + (1 - m) * (self.level + self.trend))
         trend = torch.where(first, torch.zeros_like(q), m * (level - self.level) + (1 - m) * self.trend)
@@ -219,7 +239,7 @@ class EntropyPatching(BoundaryStrategy):
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         if self.own is None:
             return {}
-        return {"entropy_model": (self.cfg.entropy_model_lambda, masked_mean(bnd.own_nll, bnd.own_mask))}
+        return {"entropy_model": (self.options.model_lambda, masked_mean(bnd.own_nll, bnd.own_mask))}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         return {"entropy_threshold": self.threshold.detach().clone(), "entropy_active": self.active.float(),

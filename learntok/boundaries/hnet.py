@@ -10,7 +10,7 @@ Sequence Modeling", the dynamic chunking section; code: goombalab/hnet `hnet/mod
     dechunk     y_t = X_t + zbar_{c(t)} * STE(c_t),   c_t = p_t if b_t else 1 - p_t
                 STE(c) = 1 in value, gradient 1 (H-Net's `ste_func`)
     ratio loss  L_ratio = N/(N-1) * ((N-1) F G + (1-F)(1-G)),  F = mean b_t, G = mean p_t, N = 1/target,
-                weight `hnet_lambda_ratio` = 0.03
+                weight `lambda_ratio` = 0.03
 
 Conventions line up with ours: H-Net's b_t = 1 starts a chunk at t whose vector is X_t and whose output
 reaches bytes t and later; here a_t = 1 ends a token at t whose vector is X_t, shown from t on. p_t
@@ -37,7 +37,8 @@ from torch import nn
 
 from ..config import BoundaryConfig
 from ..objectives import masked_mean
-from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
+from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
+                   StrategyOptions)
 
 P_MIN = 1e-4  # H-Net clamps the smoothing probabilities to [1e-4, 1 - 1e-4]
 EMA_CHUNK = 64
@@ -78,6 +79,14 @@ def ema_chunked(z: torch.Tensor, P: torch.Tensor, chunk: int = EMA_CHUNK) -> tor
 
 
 @dataclass
+class HNetOptions(StrategyOptions):
+    """H-Net dynamic chunking (Hwang et al. 2025), boundaries/hnet.py."""
+
+    flat_prefix = "hnet_"  # older configs: `boundaries.hnet_lambda_ratio`
+    lambda_ratio: float = 0.03  # weight of the ratio loss
+
+
+@dataclass
 class RoutedBoundaries(Boundaries):
     confidence: torch.Tensor | None = None  # (B, T) c_t = p_t where a boundary, 1 - p_t where not
 
@@ -92,6 +101,8 @@ class HNetCache:
 
 class HNetChunking(BoundaryStrategy):
     name = "hnet"
+    options_class = HNetOptions
+    options: HNetOptions
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)
@@ -146,7 +157,7 @@ class HNetChunking(BoundaryStrategy):
         f = masked_mean(bnd.a.float(), decide)  # F: fraction of boundaries (no gradient)
         g = masked_mean(bnd.probs, decide)  # G: mean boundary probability
         ratio = N / (N - 1) * ((N - 1) * f * g + (1 - f) * (1 - g))
-        return {"ratio": (self.cfg.hnet_lambda_ratio, ratio)}
+        return {"ratio": (self.options.lambda_ratio, ratio)}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         return {"mean_prob": masked_mean(bnd.probs.detach(), inp.valid & ~inp.forced)}

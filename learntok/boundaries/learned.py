@@ -20,6 +20,7 @@ of `learntok.kernels.scan`; log pi(a_i) is then recomputed with gradient from th
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,35 @@ from ..kernels.scan import scan_boundaries, thresholds_from_uniforms
 from ..model.layers import softcap
 from ..objectives import (binary_entropy_from_logits, masked_mean, policy_advantages, policy_batch_stats,
                           policy_losses)
-from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs
+from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
+                   StrategyOptions)
+
+CENTERINGS = ("mean", "leave_one_out", "group", "group_loo", "none")
+
+
+@dataclass
+class LearnedOptions(StrategyOptions):
+    """The learned (score-function) policy, paper §2.4-2.7."""
+
+    flat_prefix = ""  # older configs: `boundaries.lags`, `boundaries.gamma`, ...
+    lags: int = 8  # w: number of previous boundary decisions the logit sees (paper: 8; also 1)
+    scale: float = 16.0  # D: raw logits are divided by this
+    softcap: float | None = 10.0  # policy-logit softcap, training only (paper: value not stated)
+    gamma: float = 0.99  # discount of the returns
+    early_exit_reward: bool = True  # subtract the early-exit log-likelihood from the reward
+    batch_centering: str = "mean"  # advantage baseline per position: mean | leave_one_out over the batch's rows (the paper), group | group_loo over a sequence's draws, none
+    lambda_policy: float = 1e-2  # weight of the policy loss
+    lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
+
+    def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
+        if self.lags < 0:
+            yield "lags", "must be >= 0"
+        if not 0.0 < self.gamma <= 1.0:
+            yield "gamma", "must lie in (0, 1]"
+        if self.batch_centering not in CENTERINGS:
+            yield "batch_centering", f"use {', '.join(CENTERINGS[:-1])} or {CENTERINGS[-1]}"
+        elif self.batch_centering.startswith("group") and cfg.group_size < 2:
+            yield "batch_centering", "centres on the other draws of a sequence: set boundaries.group_size >= 2"
 
 
 @dataclass
@@ -51,24 +80,26 @@ class LearnedPolicy(BoundaryStrategy):
     name = "learned"
     stochastic = True
     thresholdable = True  # a = [l > logit(u)]
+    options_class = LearnedOptions
+    options: LearnedOptions
 
     @classmethod
-    def describe(cls, cfg: dict) -> str:
-        return f"{cls.name} (w = {cfg['lags']} lags)"
+    def describe(cls, options: LearnedOptions) -> str:
+        return f"{cls.name} (w = {options.lags} lags)"
 
     def __init__(self, cfg: BoundaryConfig, d_model: int):
         super().__init__(cfg, d_model)
-        self.lags = cfg.lags
-        self.proj = nn.Linear(d_model, 1 + cfg.lags, bias=False)  # rows: W_0, W_1 .. W_w
+        self.lags = self.options.lags
+        self.proj = nn.Linear(d_model, 1 + self.lags, bias=False)  # rows: W_0, W_1 .. W_w
 
     def scaled_logit_terms(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """base_i = W_0 X_i / D + logit(target) (B, T) and lag_{i,j} = W_j X_i / D (B, T, w)."""
-        z = self.proj(hidden).float() / self.cfg.scale  # (B, T, 1 + w)
+        z = self.proj(hidden).float() / self.options.scale  # (B, T, 1 + w)
         return z[..., 0] + math.log(self.cfg.target_rate / (1 - self.cfg.target_rate)), z[..., 1:]
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         base, lag = self.scaled_logit_terms(inp.hidden)
-        cap = self.cfg.softcap if self.training else None
+        cap = self.options.softcap if self.training else None
         a = self.sample(base, lag, inp, cap)
         # recompute the logits of the executed history, with gradient
         l_scaled = base + (lagged(a.to(lag.dtype), self.lags) * lag).sum(-1) if self.lags else base
@@ -98,7 +129,7 @@ class LearnedPolicy(BoundaryStrategy):
 
     def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
         base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)
-        cap = self.cfg.softcap if self.training else None
+        cap = self.options.softcap if self.training else None
         # the same float32 additions in the same order as `scan_boundaries`, against the same threshold
         acc = base
         for j in range(self.lags):
@@ -116,24 +147,24 @@ class LearnedPolicy(BoundaryStrategy):
         return inp.valid & ~inp.forced
 
     def _rewards(self, inp: LossInputs) -> torch.Tensor:
-        return (inp.logp - inp.logp_early if self.cfg.early_exit_reward else inp.logp).detach()
+        return (inp.logp - inp.logp_early if self.options.early_exit_reward else inp.logp).detach()
 
     def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
-        return policy_batch_stats(self._rewards(inp), bnd.probs, self._decide(inp), inp.valid, gamma=self.cfg.gamma)
+        return policy_batch_stats(self._rewards(inp), bnd.probs, self._decide(inp), inp.valid, gamma=self.options.gamma)
 
     def losses(self, bnd: PolicyBoundaries, inp: LossInputs,
                stats: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[float, torch.Tensor]]:
         loss_policy, loss_target = policy_losses(
             bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), self._decide(inp), inp.valid,
-            gamma=self.cfg.gamma, centering=self.cfg.batch_centering, target_rate=self.cfg.target_rate,
+            gamma=self.options.gamma, centering=self.options.batch_centering, target_rate=self.cfg.target_rate,
             stats=stats, group=inp.group)
-        return {"policy": (self.cfg.lambda_policy, loss_policy), "target": (self.cfg.lambda_target, loss_target)}
+        return {"policy": (self.options.lambda_policy, loss_policy), "target": (self.options.lambda_target, loss_target)}
 
     def metrics(self, bnd: PolicyBoundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         decide = self._decide(inp)
         # the advantages over the batch the metrics see (with several ranks: this rank's rows)
-        adv = policy_advantages(self._rewards(inp), decide, inp.valid, gamma=self.cfg.gamma,
-                                centering=self.cfg.batch_centering, group=inp.group)
+        adv = policy_advantages(self._rewards(inp), decide, inp.valid, gamma=self.options.gamma,
+                                centering=self.options.batch_centering, group=inp.group)
         return {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.logits.detach()), decide),
                 "mean_prob": masked_mean(bnd.probs.detach(), decide),
                 "advantage_std": (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()}

@@ -60,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..boundaries import check
     from ..compare import CompareSettings, run_comparison
     from ..boundaries import FIXED_RATE
     from ..compare.run import budget_for_bytes
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        load_config(args.config, args.overrides)  # bad keys fail now, not after the first run
+        check(load_config(args.config, args.overrides).boundaries)  # bad keys fail now, not after the first run
         paragraph = Path(args.paragraph_file).read_text(encoding="utf-8") if args.paragraph_file else None
         flops = args.flops
         if flops is None:

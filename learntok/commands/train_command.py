@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import os
 
-    from ..config import ConfigError, load_config, parse_override
+    from ..config import ConfigError, load_config, merge, parse_override
     from ..train.checkpoint import CheckpointError
     from ..train.trainer import NonFiniteError, Trainer
 
@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigError("--resume takes its config from the run directory; give overrides instead of --config")
             saved = yaml.safe_load((run_dir / "config.yaml").read_text())
             for text in args.overrides:  # typed and validated by load_config below
-                _merge(saved, parse_override(text))
+                merge(saved, parse_override(text))
             cfg = load_config(None, saved)
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
             if trainer.resumed_from is not None:
@@ -107,11 +107,3 @@ def _timestamp() -> str:
         info, _ = init_distributed("auto", "ddp")  # joins the group early (the Trainer reuses it)
         stamp = info.broadcast_object(stamp)
     return stamp
-
-
-def _merge(base: dict, update: dict) -> None:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value

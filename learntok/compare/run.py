@@ -244,7 +244,7 @@ def _fit_bpe(cfg: RunConfig):
     else:
         from ..data.shards import open_split
         docs = sample_split_docs(open_split(cfg.data.source, "train"), 8 << 20)
-    segmenter, _ = fit_bpe(docs, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
+    segmenter, _ = fit_bpe(docs, cfg.boundaries.target_rate, STRATEGIES[BPE_GUIDANCE].read_options(cfg.boundaries).max_vocab)
     return segmenter
 
 

@@ -354,7 +354,8 @@ def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
     extra = ""
     if track == BPE_TRACK:  # the one track the demo corpus can make: in memory, at start-up
         from .bpe import demo_bpe
-        fitted = demo_bpe(corpus.train, corpus.val, cfg.boundaries.target_rate, cfg.boundaries.bpe_max_vocab)
+        options = STRATEGIES[cfg.boundaries.name].read_options(cfg.boundaries)  # the bpe strategy's, BpeOptions
+        fitted = demo_bpe(corpus.train, corpus.val, cfg.boundaries.target_rate, options.max_vocab)
         train_bnd, val_bnd, segmenter = fitted.train, fitted.val, fitted.segmenter
         f = fitted.fit
         reached = "" if f.reached else f", the closest it gets (target {f.target_rate} not reachable)"

@@ -75,7 +75,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     strategy = model.boundaries
     # one piece keeps its encoder graph: recomputing it would save no memory (nothing else is alive)
     recompute_encoder = recompute_encoder and micro_batches > 1
-    lambda_early = strategy.cfg.lambda_early
+    lambda_early = model.cfg.lambda_early
     K = model.draws  # uniforms has B * K rows
     n_rows = totals["rows"] if totals else batch.inputs.shape[0]
     n_valid = batch.valid.sum()  # this batch's valid bytes

@@ -28,6 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .. import boundaries
 from ..config import RunConfig, from_dict
 from ..model.unet import ByteUNet
 
@@ -272,15 +273,22 @@ def config_differences(saved: dict, requested: dict, prefix: str = "") -> list[t
     return out
 
 
+def saved_config(ckpt: Path, state: dict) -> RunConfig:
+    """The config a checkpoint was written with (`state`: its state.json), checked and in the current
+    layout: older checkpoints hold the strategies' options as flat keys of `boundaries`."""
+    try:
+        cfg = from_dict(state["config"])
+        boundaries.check(cfg.boundaries)
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{ckpt}: config in state.json is unusable: {e}") from None
+    return cfg
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[ByteUNet, RunConfig]:
     """The model of a run directory (its newest checkpoint) or of a `step_*` checkpoint directory, in
     eval mode, and its resolved config."""
     ckpt = latest_checkpoint(Path(path))
-    state = read_state(ckpt)
-    try:
-        cfg = from_dict(state["config"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{ckpt}: config in state.json is unusable: {e}") from None
+    cfg = saved_config(ckpt, read_state(ckpt))
     model = ByteUNet(cfg.model, cfg.boundaries)
     load_weights(model, ckpt)
     model.boundaries.load_files(ckpt)

@@ -248,9 +248,12 @@ class Trainer:
     def _resume(self) -> None:
         ckpt = ckpt_io.latest_checkpoint(self.run_dir)
         state = ckpt_io.read_state(ckpt)
-        diffs = ckpt_io.config_differences(state.get("config", {}), to_dict(self.cfg))
-        # a different model is refused; the attention kernel computes the same model
-        fatal = [d for d in diffs if (d[0].startswith("model.") and d[0] != "model.attention") or d[0] == "boundaries.name"]
+        saved = to_dict(ckpt_io.saved_config(ckpt, state)) if "config" in state else {}
+        diffs = ckpt_io.config_differences(saved, to_dict(self.cfg))
+        # a different model is refused; the attention kernel computes the same model, and lambda_early
+        # only weighs the early-exit head's loss
+        same_model = ("model.attention", "model.lambda_early")
+        fatal = [d for d in diffs if (d[0].startswith("model.") and d[0] not in same_model) or d[0] == "boundaries.name"]
         if fatal:
             detail = "; ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, a, b in fatal)
             raise ckpt_io.CheckpointError(f"{ckpt} was written by another model ({detail})")
