@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from learntok.data.batch import Batch  # noqa: E402
 from learntok.config import load_config  # noqa: E402
 from learntok.train.checkpoint import load_model  # noqa: E402
-from learntok.model.unet import ByteUNet, log_likelihoods  # noqa: E402
+from learntok.unet import ByteUNet, log_likelihoods  # noqa: E402
 from learntok.data.loader import make_data  # noqa: E402
 from learntok.data.batch import concat_batches  # noqa: E402
 

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from learntok.config import load_config  # noqa: E402
 from learntok.generation import generate  # noqa: E402
 from learntok.hub import from_pretrained  # noqa: E402
-from learntok.model.unet import ByteUNet  # noqa: E402
+from learntok.unet import ByteUNet  # noqa: E402
 
 
 def main() -> int:

@@ -313,7 +313,7 @@ def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> d
     `gen_batch` prompts of one length as one batch (aggregate bytes/s); random weights, fp32."""
     from learntok.config import load_config
     from learntok.generation import generate
-    from learntok.model.unet import ByteUNet
+    from learntok.unet import ByteUNet
 
     cfg = load_config(sizes.model_config, ["boundaries.name=learned"])
     torch.manual_seed(0)

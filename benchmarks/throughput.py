@@ -29,7 +29,7 @@ from learntok.config import load_config  # noqa: E402
 from learntok.data.batch import BOS, Batch  # noqa: E402
 from learntok.eval.nll import score_rows  # noqa: E402
 from learntok.model import layers  # noqa: E402
-from learntok.model.unet import ByteUNet  # noqa: E402
+from learntok.unet import ByteUNet  # noqa: E402
 from learntok.train.accumulate import accumulate_gradients  # noqa: E402
 
 

@@ -23,7 +23,7 @@ so `import learntok` alone does not, and saved directories also load with `trust
 __version__ = "0.1.0"
 
 _EXPORTS = {  # name -> module that defines it
-    "ByteUNet": "learntok.model.unet",
+    "ByteUNet": "learntok.unet",
     "from_pretrained": "learntok.hub",
     "save_pretrained": "learntok.hub",
     "push_to_hub": "learntok.hub",

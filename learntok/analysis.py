@@ -227,7 +227,7 @@ def _quantile(x: torch.Tensor, q: float) -> float:
 
 def surprisal_bits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(B, T) -log2 p(target) from logits (B, T, V); 0 where the target is PAD."""
-    from .model.unet import target_log_probs
+    from .unet import target_log_probs
     from .objectives import LN2
     return -target_log_probs(logits, targets) / LN2
 

@@ -57,7 +57,7 @@ from .config import from_dict
 from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .eval.scorer import boundary_uniforms
 from .generation import CachedRows
-from .model.unet import ByteUNet
+from .unet import ByteUNet
 
 __all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokTokenizer"]
 

@@ -44,7 +44,7 @@ from . import __version__
 from .boundaries import STRATEGIES
 from .config import ConfigError, RunConfig, from_dict, to_dict
 from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
-from .model.unet import ByteUNet
+from .unet import ByteUNet
 from .train import checkpoint as ckpt_io
 
 FORMAT_VERSION = 2  # of config.json + model.safetensors; bump when either changes meaning

@@ -23,7 +23,7 @@ from learntok.analysis import (
 )
 from learntok.data.batch import BOS, PAD, Batch
 from learntok.data.bpe import bpe_boundaries
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 
 
 def row(text: bytes, marks: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ import torch
 
 from conftest import random_inputs, tiny_config
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 
 
 def dense_reference(q, k, v, window, cap):

@@ -163,7 +163,7 @@ def test_bpe_only_adds_the_track_to_an_existing_dataset(tmp_path):
 
 
 def test_strategy_reads_the_supplied_boundaries():
-    from learntok.model.unet import ByteUNet
+    from learntok.unet import ByteUNet
 
     from conftest import tiny_config
     cfg = tiny_config(name="bpe")
@@ -181,7 +181,7 @@ def test_a_model_with_its_tokenizer_segments_new_text_as_the_pipeline_does():
     """Text that comes without boundaries (scoring, evaluation) is segmented by the model's own tokenizer:
     each document piece of a row on its own, shifted, exactly the boundaries the data pipeline supplies."""
     from learntok.data.batch import PAD
-    from learntok.model.unet import ByteUNet
+    from learntok.unet import ByteUNet
 
     from conftest import tiny_config
     cfg = tiny_config(name="bpe")

@@ -8,7 +8,7 @@ import torch
 from learntok.boundaries import STRATEGIES
 from learntok.boundaries.whitespace import whitespace_boundaries
 from learntok.data.batch import PAD, Batch
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, tiny_config

@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 from conftest import flat_config, tiny_config
 from test_train import memory_data, tiny_trainer
 
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train import checkpoint as ckpt_io
 from learntok.train.checkpoint import CheckpointError, load_model
 from learntok.train.trainer import Trainer

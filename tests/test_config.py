@@ -8,7 +8,7 @@ import torch
 from learntok import boundaries
 from learntok.boundaries.learned import LearnedPolicy
 from learntok.config import CONFIG_DIR, ConfigError, from_dict, load_config, parse_override, to_dict
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 

@@ -8,7 +8,7 @@ import torch
 from conftest import random_inputs, tiny_config
 from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 from test_attention import dense_reference, qkv
 from test_train import check_compiled_stacks_do_not_recompile

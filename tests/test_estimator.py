@@ -11,7 +11,7 @@ import itertools
 import torch
 
 from learntok.data.batch import Batch
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, taking, tiny_config

@@ -14,7 +14,7 @@ from learntok.cli import main
 from learntok.config import to_dict
 from learntok.eval.benchmarks import evaluate_task
 from learntok.eval.scorer import UNetScorer
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train.checkpoint import save_checkpoint
 
 PIQA = [

@@ -18,7 +18,7 @@ from learntok.eval.benchmarks import (
 )
 from learntok.eval.heldout import evaluate_heldout
 from learntok.eval.scorer import UNetScorer, boundary_uniforms, draw_seed, split_windows
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 
 MAX_LEN = 64
 

@@ -14,7 +14,7 @@ from learntok.boundaries import STRATEGIES
 from learntok.boundaries.base import BoundaryStrategy
 from learntok.data.batch import BOS, EOS, PAD
 from learntok.generation import Generation, generate, sample_next, score
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 
 from conftest import random_inputs, tiny_config
 

@@ -14,7 +14,7 @@ import torch
 from learntok.boundaries import build_strategy, check
 from learntok.config import ConfigError, load_config
 from learntok.data.batch import Batch
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.objectives import batch_centered
 from learntok.train.accumulate import accumulate_gradients
 

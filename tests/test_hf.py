@@ -27,7 +27,7 @@ import learntok  # noqa: E402
 import learntok.hf  # noqa: E402,F401  (registers the classes)
 from learntok.data.batch import BOS, EOS, PAD  # noqa: E402
 from learntok.eval.scorer import UNetScorer, boundary_uniforms  # noqa: E402
-from learntok.model.unet import ByteUNet  # noqa: E402
+from learntok.unet import ByteUNet  # noqa: E402
 
 from conftest import tiny_config  # noqa: E402
 

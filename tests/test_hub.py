@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from learntok import __version__
 from learntok.config import to_dict
 from learntok.hub import FORMAT_VERSION, ModelLoadError, default_context, from_pretrained, push_to_hub, save_pretrained
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train import checkpoint as ckpt_io
 
 from conftest import flat_config, random_inputs, tiny_config

@@ -5,7 +5,7 @@ import torch
 
 from learntok.config import load_config
 from learntok.data.batch import PAD, Batch
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, tiny_config

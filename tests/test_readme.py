@@ -27,7 +27,7 @@ def test_readme_commands_match_ci():
 def test_the_python_example_of_using_a_trained_model_runs(tmp_path):
     """The README's "Using a trained model" block, on a small saved model in place of runs/demo."""
     import learntok
-    from learntok.model.unet import ByteUNet
+    from learntok.unet import ByteUNet
     section = README.read_text().split("## Using a trained model", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert "runs/demo" in code

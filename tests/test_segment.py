@@ -15,7 +15,7 @@ from learntok.cli import main
 from learntok.display import Segmentation, segment
 from learntok.generation import score
 from learntok.hub import save_pretrained
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 
 from conftest import tiny_config
 

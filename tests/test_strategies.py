@@ -16,7 +16,7 @@ from learntok.boundaries.hnet import ema_chunked, ema_reference
 from learntok.boundaries.uniform import uniform_boundaries
 from learntok.boundaries.whitespace import spacelike, whitespace_boundaries
 from learntok.data.batch import BOS, PAD, VOCAB_SIZE, Batch
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 
 from conftest import random_inputs, tiny_config

@@ -10,7 +10,7 @@ import torch
 from conftest import memory_data, random_inputs, tiny_config
 
 from learntok.data.batch import PAD, Batch
-from learntok.model.unet import ByteUNet
+from learntok.unet import ByteUNet
 from learntok.data.batch import split_rows
 from learntok.objectives import LN2, masked_mean
 from learntok.train.accumulate import accumulate_gradients, log_likelihoods

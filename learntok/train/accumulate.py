@@ -47,7 +47,7 @@ import torch
 
 from ..boundaries import Boundaries, LossInputs
 from ..data.batch import PAD, Batch, split_rows
-from ..model.unet import ByteUNet, UNetOutput, target_log_probs
+from ..unet import ByteUNet, UNetOutput, target_log_probs
 from ..objectives import LN2
 
 

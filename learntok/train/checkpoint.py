@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import boundaries
 from ..config import RunConfig, from_dict
-from ..model.unet import ByteUNet
+from ..unet import ByteUNet
 
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")

@@ -44,7 +44,7 @@ from ..config import RunConfig, to_dict
 from ..data.batch import PAD, Batch
 from ..data.loader import DataSources, make_data, rank_config
 from ..eval.sequences import evaluate
-from ..model.unet import ByteUNet
+from ..unet import ByteUNet
 from . import checkpoint as ckpt_io
 from .accumulate import accumulate_gradients
 from .metrics import RANK_INVARIANT, MetricsLog, add_applied, write_atomic

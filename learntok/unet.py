@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..boundaries import Boundaries, BoundaryInput, build_strategy
-from ..boundaries.base import BoundaryStepInput, BoundaryStrategy
-from ..config import BoundaryConfig, ModelConfig
-from ..data.batch import PAD, VOCAB_SIZE
-from . import resample
-from .layers import RMSNorm, Stack, StackCache, softcap
+from .boundaries import Boundaries, BoundaryInput, build_strategy
+from .boundaries.base import BoundaryStepInput, BoundaryStrategy
+from .config import BoundaryConfig, ModelConfig
+from .data.batch import PAD, VOCAB_SIZE
+from .model import resample
+from .model.layers import RMSNorm, Stack, StackCache, softcap
 
 
 @dataclass
