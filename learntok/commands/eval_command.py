@@ -52,9 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="quantile mode: text to calibrate the threshold on (default: the run's held-out data, "
                         "else --data)")
     g = p.add_argument_group("compute")
-    g.add_argument("--batch-size", type=int,
-                   help="rows per forward pass (default: 8 on a CPU, where larger batches run slower: HellaSwag "
-                        "rows 1.2x slower at 32; 64 on a GPU)")
+    g.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
     g.add_argument("--max-len", type=int, help="bytes per row (default: the run's train.seq_len); longer items "
                                                "lose context from the left")
     g.add_argument("--overlap", type=int, help="context bytes carried into each further window of a long "
@@ -107,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.batch_size is None:
-        args.batch_size = 8 if torch.device(args.device).type == "cpu" else 64
     if args.name and len(args.name) != len(args.checkpoint):
         _say(f"error: {len(args.name)} --name for {len(args.checkpoint)} --checkpoint")
         return 2
