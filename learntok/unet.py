@@ -199,14 +199,8 @@ class ByteUNet(nn.Module):
         if bnd is not None:  # the default pooling: X at the boundaries in, X_j + Y'_{c(j)} out
             a, probs, pooled = bnd.a, bnd.probs, hidden
         else:
-            steps, pooled = [], []
-            for j in range(T):
-                st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], j, generator, uniforms,
-                                                           early_logits[:, j], column=j), cache.boundaries)
-                steps.append(st)
-                pooled.append(self.boundaries.pool_step(hidden[:, j], st, cache.boundaries))
-            a, pooled = torch.stack([st.a for st in steps], dim=1), torch.stack(pooled, dim=1)  # (B, T), (B, T, C)
-            probs = None if steps[0].probs is None else torch.stack([st.probs for st in steps], dim=1)
+            steps, a, probs, pooled = self._decide_by_steps(hidden, inputs, 0, generator, uniforms, early_logits,
+                                                            cache.boundaries)
         tok_pos, tok_valid, _ = resample.boundary_positions(a)  # (B, M)
         tokens = resample.downsample(pooled, tok_pos)  # (B, M, C)
         tokens = self.mid.prefill(tokens, tok_pos, cache.mid, lengths=tok_valid.sum(1))
@@ -214,12 +208,57 @@ class ByteUNet(nn.Module):
         if bnd is not None:
             y = hidden + per_byte
         else:
-            y = torch.stack([self.boundaries.unpool_step(hidden[:, j], per_byte[:, j], st, cache.boundaries)
-                             for j, st in enumerate(steps)], dim=1)  # (B, T, C)
+            y = self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
         y = self.decoder.prefill(y, positions, cache.decoder)
         cache.token = per_byte[:, -1]
         cache.position = T
         return StepOutput(self.head(y), a, probs)
+
+    def extend(self, inputs: torch.Tensor, cache: InferenceCache, *,
+               uniforms: torch.Tensor | None = None) -> StepOutput:
+        """`prefill` continued: n more bytes per row, inputs (B, n), after the `cache.position` already in
+        `cache`, as if the whole row had gone through `prefill`, so that a context's cache can be continued
+        with several texts. The byte and token levels run batched; the strategy decides byte by byte
+        through `step`. `uniforms`: (B, n), the draws at these positions."""
+        B, n = inputs.shape
+        P = cache.position
+        if P == 0 or P + n > cache.max_len:
+            raise ValueError(f"extend needs a prefilled cache with room for {n} more positions "
+                             f"(has {cache.position} of {cache.max_len})")
+        positions = P + torch.arange(n, device=inputs.device).expand(B, n)
+        x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, n, C)
+        hidden = self.encoder.extend(x, positions, cache.encoder)  # X (B, n, C)
+        early_logits = self.early_head(hidden)
+        steps, a, probs, pooled = self._decide_by_steps(hidden, inputs, P, None, uniforms, early_logits,
+                                                        cache.boundaries)
+        slots = resample.boundary_positions(a)  # the new tokens, (B, M)
+        tokens = resample.downsample(pooled, slots.pos)  # (B, M, C)
+        tokens = self.mid.extend(tokens, P + slots.pos, cache.mid, real=slots.valid)
+        # byte j adds the latest token ending at or before it: a new one, else the cache's
+        latest = torch.cat([cache.token[:, None], tokens], dim=1)  # (B, 1 + M, C)
+        per_byte = resample.upsample(torch.zeros_like(hidden), latest, a.long().cumsum(dim=1))  # (B, n, C)
+        y = self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
+        y = self.decoder.extend(y, positions, cache.decoder)
+        cache.token = per_byte[:, -1]
+        cache.position = P + n
+        return StepOutput(self.head(y), a, probs)
+
+    def _decide_by_steps(self, hidden, inputs, first, generator, uniforms, early_logits, state):
+        """The strategy's decisions over positions first .. first + n - 1 one `step` at a time, from its
+        state `state`: (the steps, a (B, n), probs (B, n) or None, the token-level inputs (B, n, C))."""
+        steps, pooled = [], []
+        for j in range(inputs.shape[1]):
+            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], first + j, generator, uniforms,
+                                                       early_logits[:, j], column=j), state)
+            steps.append(st)
+            pooled.append(self.boundaries.pool_step(hidden[:, j], st, state))
+        probs = None if steps[0].probs is None else torch.stack([st.probs for st in steps], dim=1)
+        return steps, torch.stack([st.a for st in steps], dim=1), probs, torch.stack(pooled, dim=1)
+
+    def _unpool_by_steps(self, hidden, per_byte, steps, state) -> torch.Tensor:
+        """The decoder's inputs (B, n, C) through the strategy's `unpool_step`, byte by byte."""
+        return torch.stack([self.boundaries.unpool_step(hidden[:, j], per_byte[:, j], st, state)
+                            for j, st in enumerate(steps)], dim=1)
 
     def step(self, byte: torch.Tensor, cache: InferenceCache, *, uniforms: torch.Tensor | None = None,
              generator: torch.Generator | None = None) -> StepOutput:

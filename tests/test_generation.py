@@ -101,6 +101,34 @@ def test_prefill_and_steps_match_forward_per_row(name, extra, training):
         assert (probs - ref.boundaries.probs[:, :T]).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("name,extra", GENERATING)
+def test_prefill_then_extend_matches_forward_per_row(name, extra):
+    """A prompt, then continuations of 1, 3 and 19 bytes (the last longer than the byte-level window,
+    so the ring wraps inside one call), two rows whose boundaries differ: the logits, boundaries and
+    probabilities of one forward pass, and a step after them continues exactly."""
+    model = generating_model(name, extra)
+    T, L, P = 45, 56, 20
+    x = random_inputs(2, T, seed=4)
+    u = torch.rand(2, L, generator=torch.Generator().manual_seed(5))
+    buf = torch.full((2, L), PAD)
+    buf[:, :T] = x
+    with torch.no_grad():
+        ref = model(buf, uniforms=u)
+        cache = model.allocate_inference_cache(2, L)
+        outs = [model.prefill(x[:, :P], cache, uniforms=u[:, :P])]
+        for lo, hi in ((P, P + 1), (P + 1, P + 4), (P + 4, T - 1)):
+            outs.append(model.extend(x[:, lo:hi], cache, uniforms=u[:, lo:hi]))
+        outs.append(model.step(x[:, T - 1], cache, uniforms=u[:, T - 1]))
+    logits = torch.cat([o.logits for o in outs], dim=1)
+    a = torch.cat([o.a for o in outs], dim=1)
+    assert torch.equal(a, ref.boundaries.a[:, :T])
+    assert (logits - ref.logits[:, :T]).abs().max() < 1e-4
+    if name == "learned":
+        assert not torch.equal(a[0, P:], a[1, P:])
+        probs = torch.cat([o.probs for o in outs], dim=1)
+        assert (probs - ref.boundaries.probs[:, :T]).abs().max() < 1e-5
+
+
 def test_learned_prefill_decides_the_prompt_in_one_pass(monkeypatch):
     """The learned policy's prompt goes through its batched scan, not `step`, and leaves the history
     `step` would have left: the bytes after it are those of a prefill done byte by byte."""

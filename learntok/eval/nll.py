@@ -38,16 +38,21 @@ def score_rows(model, inputs: torch.Tensor, targets: torch.Tensor, scored: torch
     BOS; `doc_start`, `supplied`, `uniforms` and `generator` as in `ByteUNet.forward`. The caller puts
     the model in eval mode."""
     out = model(inputs, doc_start=doc_start, supplied=supplied, uniforms=uniforms, generator=generator)
-    B = inputs.shape[0]
+    nll, misses = target_nll(out.logits, targets, scored)
+    early_nll, _ = target_nll(out.early_logits, targets, scored)
+    return RowScores(nll=nll, early_nll=early_nll, misses=misses, boundaries=out.boundaries.a, forced=out.forced,
+                     tokens=out.tok_real.numel(), token_slots=out.tok_pos.numel())
+
+
+def target_nll(logits: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of logits (B, T, V): -sum of log p(target) over the `scored` (B, T) positions, float64 (B,),
+    and how many of them have another most likely byte (B,)."""
+    B = logits.shape[0]
     row = scored.nonzero()[:, 0]  # (N,) the row of each scored position, in order
     gold = targets[scored]  # (N,)
-    logits = out.logits[scored].float()  # (N, V)
-    logp = F.log_softmax(logits, dim=-1).gather(1, gold[:, None])[:, 0]  # (N,)
-    logp_early = F.log_softmax(out.early_logits[scored].float(), dim=-1).gather(1, gold[:, None])[:, 0]
-    zeros = torch.zeros(B, dtype=torch.float64, device=inputs.device)
-    # index_add_ sums each row's terms in position order, whatever else is in the batch
-    return RowScores(
-        nll=zeros.index_add(0, row, -logp.double()),
-        early_nll=zeros.index_add(0, row, -logp_early.double()),
-        misses=torch.zeros(B, device=inputs.device).index_add_(0, row, (logits.argmax(dim=-1) != gold).float()),
-        boundaries=out.boundaries.a, forced=out.forced, tokens=out.tok_real.numel(), token_slots=out.tok_pos.numel())
+    picked = logits[scored].float()  # (N, V)
+    logp = F.log_softmax(picked, dim=-1).gather(1, gold[:, None])[:, 0]  # (N,)
+    # index_add sums each row's terms in position order, whatever else is in the batch
+    nll = torch.zeros(B, dtype=torch.float64, device=logits.device).index_add(0, row, -logp.double())
+    misses = torch.zeros(B, device=logits.device).index_add(0, row, (picked.argmax(dim=-1) != gold).float())
+    return nll, misses

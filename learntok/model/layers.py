@@ -251,6 +251,21 @@ class Attention(nn.Module):
         y = _attend(q, cache.k, cache.v, visible[:, None, None, :], self.cap)  # (B, H, 1, hd)
         return self.out(y.transpose(1, 2).reshape(B, 1, C))
 
+    def extend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", visible: torch.Tensor,
+               slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """x (B, n, C): n new positions per row after those in the cache. Each query attends the cache
+        slots and new positions marked in `visible` (B, n, S + n); then the new keys and values marked in
+        `keep` (B, n) go to cache slots `slots` (B, n)."""
+        B, n, C = x.shape
+        q, k, v = self.project(x, cos, sin)  # (B, H, n, hd)
+        keys = torch.cat([cache.k, k.to(cache.k.dtype)], dim=2)  # (B, H, S + n, hd)
+        values = torch.cat([cache.v, v.to(cache.v.dtype)], dim=2)
+        y = _attend(q, keys, values, visible[:, None], self.cap)  # (B, H, n, hd)
+        rows, new = keep.nonzero(as_tuple=True)
+        cache.k[rows, :, slots[rows, new]] = k[rows, :, new].to(cache.k.dtype)
+        cache.v[rows, :, slots[rows, new]] = v[rows, :, new].to(cache.v.dtype)
+        return self.out(y.transpose(1, 2).reshape(B, n, C))
+
 
 class GeGLU(nn.Module):
     def __init__(self, d_model: int, hidden: int):
@@ -287,6 +302,11 @@ class Block(nn.Module):
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, slot: torch.Tensor,
              visible: torch.Tensor) -> torch.Tensor:
         x = x + self.post_attn_norm(self.attn.step(self.pre_attn_norm(x), cos, sin, cache, slot, visible))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+
+    def extend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, visible: torch.Tensor,
+               slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attn_norm(self.attn.extend(self.pre_attn_norm(x), cos, sin, cache, visible, slots, keep))
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
 
@@ -355,4 +375,36 @@ class Stack(nn.Module):
         for block, layer_cache in zip(self.blocks, cache.layers):
             x = block.step(x, cos, sin, layer_cache, slot, visible)
         cache.length = cache.length + (1 if commit is None else commit.long())
+        return x
+
+    def extend(self, x: torch.Tensor, positions: torch.Tensor, cache: StackCache,
+               real: torch.Tensor | None = None) -> torch.Tensor:
+        """`prefill` continued: n new positions per row, x (B, n, C) at RoPE `positions` (B, n), after
+        the `cache.length` positions each row has stored. `real` (B, n): the new positions that are real,
+        left-aligned (rows gaining different numbers of tokens); the others compute an output that nothing
+        may read and are not stored. A sliding-window stack keeps every row at the same length."""
+        B, n, _ = x.shape
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        window = self.blocks[0].attn.window if len(self.blocks) else None
+        S = cache.layers[0].k.shape[2] if cache.layers else 1
+        real = torch.ones(B, n, dtype=torch.bool, device=x.device) if real is None else real
+        length = cache.length[:, None]  # (B, 1)
+        # every key's place in its row's sequence: the ring holds the last S places before `length`
+        slot = torch.arange(S, device=x.device)[None, :]  # (1, S)
+        if window is None:
+            cached = slot.expand(B, S)  # slot s holds place s
+        else:
+            cached = length - 1 - (length - 1 - slot) % S  # the latest place p < length with p % S == s
+        new = length + torch.arange(n, device=x.device)[None, :]  # (B, n)
+        keys = torch.cat([cached, new], dim=1)  # (B, S + n)
+        key_ok = torch.cat([(cached >= 0) & (cached < length), real], dim=1)
+        q = new[:, :, None]
+        visible = key_ok[:, None, :] & (keys[:, None, :] <= q)  # (B, n, S + n)
+        if window is not None:
+            visible &= keys[:, None, :] > q - window
+        visible[:, :, S:] |= torch.eye(n, dtype=torch.bool, device=x.device)  # a padding query sees itself: no empty row
+        keep = real & (new >= (length + real.sum(1, keepdim=True)) - S)  # a ring keeps only its last S places
+        for block, layer_cache in zip(self.blocks, cache.layers):
+            x = block.extend(x, cos, sin, layer_cache, visible, new % S, keep)
+        cache.length = cache.length + real.sum(1)
         return x
