@@ -74,12 +74,14 @@ def test_cached_generation_equals_full_recomputation(name, extra):
     assert 0 < sum(cached.boundaries) < len(cached.boundaries)  # not vacuous: some bytes end tokens, some not
 
 
+@pytest.mark.parametrize("continued_by", ["steps", "extend"])
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("name,extra", GENERATING)
-def test_prefill_and_steps_match_forward_per_row(name, extra, training):
+def test_prefill_then_steps_or_extend_match_forward_per_row(name, extra, training, continued_by):
     """Two rows in lockstep making different boundary decisions (the token-level cache commits per
-    row), a prompt longer than the window (the byte-level ring wraps), against one forward pass; in
-    training mode too (the policy's softcap)."""
+    row), a prompt longer than the window (the byte-level ring wraps), continued byte by byte, or by
+    `extend` in pieces of 1, 3 and 25 bytes (the ring wraps inside one call) and then a step, against
+    one forward pass; in training mode too (the policy's softcap)."""
     model = generating_model(name, extra).train(training)
     T, L, P = 50, 56, 20
     x = random_inputs(2, T, seed=4)
@@ -89,36 +91,13 @@ def test_prefill_and_steps_match_forward_per_row(name, extra, training):
     with torch.no_grad():
         ref = model(buf, uniforms=u)
         cache = model.allocate_inference_cache(2, L)
-        first = model.prefill(x[:, :P], cache, uniforms=u[:, :P])
-        outs = [first] + [model.step(x[:, j], cache, uniforms=u[:, j]) for j in range(P, T)]
-    logits = torch.cat([o.logits for o in outs], dim=1)
-    a = torch.cat([o.a for o in outs], dim=1)
-    assert torch.equal(a, ref.boundaries.a[:, :T])
-    assert (logits - ref.logits[:, :T]).abs().max() < 1e-4
-    if name == "learned":
-        assert not torch.equal(a[0], a[1])
-        probs = torch.cat([o.probs for o in outs], dim=1)
-        assert (probs - ref.boundaries.probs[:, :T]).abs().max() < 1e-5
-
-
-@pytest.mark.parametrize("name,extra", GENERATING)
-def test_prefill_then_extend_matches_forward_per_row(name, extra):
-    """A prompt, then continuations of 1, 3 and 19 bytes (the last longer than the byte-level window,
-    so the ring wraps inside one call), two rows whose boundaries differ: the logits, boundaries and
-    probabilities of one forward pass, and a step after them continues exactly."""
-    model = generating_model(name, extra)
-    T, L, P = 45, 56, 20
-    x = random_inputs(2, T, seed=4)
-    u = torch.rand(2, L, generator=torch.Generator().manual_seed(5))
-    buf = torch.full((2, L), PAD)
-    buf[:, :T] = x
-    with torch.no_grad():
-        ref = model(buf, uniforms=u)
-        cache = model.allocate_inference_cache(2, L)
         outs = [model.prefill(x[:, :P], cache, uniforms=u[:, :P])]
-        for lo, hi in ((P, P + 1), (P + 1, P + 4), (P + 4, T - 1)):
-            outs.append(model.extend(x[:, lo:hi], cache, uniforms=u[:, lo:hi]))
-        outs.append(model.step(x[:, T - 1], cache, uniforms=u[:, T - 1]))
+        stepped_from = P
+        if continued_by == "extend":
+            for lo, hi in ((P, P + 1), (P + 1, P + 4), (P + 4, T - 1)):
+                outs.append(model.extend(x[:, lo:hi], cache, uniforms=u[:, lo:hi]))
+            stepped_from = T - 1
+        outs += [model.step(x[:, j], cache, uniforms=u[:, j]) for j in range(stepped_from, T)]
     logits = torch.cat([o.logits for o in outs], dim=1)
     a = torch.cat([o.a for o in outs], dim=1)
     assert torch.equal(a, ref.boundaries.a[:, :T])
