@@ -189,9 +189,8 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C)
         hidden = self.encoder.prefill(x, positions, cache.encoder)  # X (B, T, C)
         early_logits = self.early_head(hidden)
-        strategy = type(self.boundaries)
         bnd = None
-        if strategy.pool_step is BoundaryStrategy.pool_step and strategy.unpool_step is BoundaryStrategy.unpool_step:
+        if self._default_pooling():
             forced = torch.zeros_like(inputs, dtype=torch.bool)
             forced[:, 0] = True
             bnd = self.boundaries.prefill(BoundaryInput(hidden, inputs, inputs != PAD, forced, None, generator, uniforms,
@@ -218,8 +217,9 @@ class ByteUNet(nn.Module):
                uniforms: torch.Tensor | None = None) -> StepOutput:
         """`prefill` continued: n more bytes per row, inputs (B, n), after the `cache.position` already in
         `cache`, as if the whole row had gone through `prefill`, so that a context's cache can be continued
-        with several texts. The byte and token levels run batched; the strategy decides byte by byte
-        through `step`. `uniforms`: (B, n), the draws at these positions."""
+        with several texts. The byte and token levels run batched; the strategy decides in one batched
+        pass where it has one (`BoundaryStrategy.prefill`), else byte by byte through `step`. `uniforms`:
+        (B, n), the draws at these positions."""
         B, n = inputs.shape
         P = cache.position
         if P == 0 or P + n > cache.max_len:
@@ -229,19 +229,33 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, n, C)
         hidden = self.encoder.extend(x, positions, cache.encoder)  # X (B, n, C)
         early_logits = self.early_head(hidden)
-        steps, a, probs, pooled = self._decide_by_steps(hidden, inputs, P, None, uniforms, early_logits,
-                                                        cache.boundaries)
+        bnd = None
+        if self._default_pooling():
+            none_forced = torch.zeros_like(inputs, dtype=torch.bool)
+            bnd = self.boundaries.prefill(BoundaryInput(hidden, inputs, inputs != PAD, none_forced, None, None, uniforms,
+                                                        early_logits), cache.boundaries)
+        if bnd is not None:
+            a, probs, pooled = bnd.a, bnd.probs, hidden
+        else:
+            steps, a, probs, pooled = self._decide_by_steps(hidden, inputs, P, None, uniforms, early_logits,
+                                                            cache.boundaries)
         slots = resample.boundary_positions(a)  # the new tokens, (B, M)
         tokens = resample.downsample(pooled, slots.pos)  # (B, M, C)
         tokens = self.mid.extend(tokens, P + slots.pos, cache.mid, real=slots.valid)
         # byte j adds the latest token ending at or before it: a new one, else the cache's
         latest = torch.cat([cache.token[:, None], tokens], dim=1)  # (B, 1 + M, C)
         per_byte = resample.upsample(torch.zeros_like(hidden), latest, a.long().cumsum(dim=1))  # (B, n, C)
-        y = self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
+        y = hidden + per_byte if bnd is not None else self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
         y = self.decoder.extend(y, positions, cache.decoder)
         cache.token = per_byte[:, -1]
         cache.position = P + n
         return StepOutput(self.head(y), a, probs)
+
+    def _default_pooling(self) -> bool:
+        """Whether the strategy pools and unpools as the paper does (X at the boundaries in, X_j + Y'_{c(j)}
+        out): then its `prefill` hook may decide many positions in one pass."""
+        strategy = type(self.boundaries)
+        return strategy.pool_step is BoundaryStrategy.pool_step and strategy.unpool_step is BoundaryStrategy.unpool_step
 
     def _decide_by_steps(self, hidden, inputs, first, generator, uniforms, early_logits, state):
         """The strategy's decisions over positions first .. first + n - 1 one `step` at a time, from its

@@ -243,9 +243,10 @@ class BoundaryStrategy(nn.Module):
         raise NotImplementedError(f"boundary strategy {self.name!r} does not support incremental generation yet")
 
     def prefill(self, inp: BoundaryInput, cache: object) -> Boundaries | None:
-        """A prompt's decisions in one batched pass (what `forward` decides) that leave `cache` as `step`
-        would have left it after the prompt; None (the default): no such path, the U-Net calls `step`
-        byte by byte. Used only while `pool_step` and `unpool_step` are the defaults."""
+        """The decisions at the positions of `inp`, after those already in `cache` (none for a prompt), in
+        one batched pass: what `step` would decide byte by byte, leaving `cache` as `step` would; None (the
+        default): no such path, the U-Net calls `step`. Used by `prefill` and `extend` while `pool_step`
+        and `unpool_step` are the defaults."""
         return None
 
     def pool_step(self, hidden: torch.Tensor, bnd: BoundaryStep, cache: object) -> torch.Tensor:

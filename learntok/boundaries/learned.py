@@ -121,11 +121,27 @@ class LearnedPolicy(BoundaryStrategy):
         return torch.zeros(batch_size, self.lags, dtype=torch.bool, device=device)
 
     def prefill(self, inp: BoundaryInput, history: torch.Tensor) -> Boundaries:
-        """The prompt through `forward` (the compiled scan), then its last w decisions into the history."""
-        bnd = self(inp)
-        n = min(self.lags, bnd.a.shape[1])
-        history[:, :n] = bnd.a[:, bnd.a.shape[1] - n:].flip(1)  # newest first, as `step` keeps them
-        return bnd
+        """The positions of `inp` after the w decisions in `history` (none yet for a prompt) in one scan:
+        the history enters the scan as w positions forced to what they were, so each decision sees the
+        lags `step` would give it; then the newest w decisions go into the history."""
+        w = self.lags
+        base, lag = self.scaled_logit_terms(inp.hidden)  # (B, n), (B, n, w)
+        cap = self.options.softcap if self.training else None
+        past = history.flip(1)  # (B, w) oldest first
+        with torch.no_grad():
+            u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator,
+                                                                         device=base.device)
+            threshold = thresholds_from_uniforms(u, cap)
+            threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
+            forced_past = torch.where(past, -math.inf, math.inf).to(threshold.dtype)  # (B, w)
+            a = scan_boundaries(F.pad(base, (w, 0)), F.pad(lag, (0, 0, w, 0)), torch.cat([forced_past, threshold], 1))
+        decisions = torch.cat([past, a[:, w:]], dim=1)  # (B, w + n), the history first
+        l_scaled = base + (lagged(decisions.to(lag.dtype), w)[:, w:] * lag).sum(-1) if w else base
+        logits = softcap(l_scaled, cap)
+        history.copy_(decisions[:, decisions.shape[1] - w:].flip(1))  # newest first, as `step` keeps them
+        a = a[:, w:]
+        log_prob = torch.where(a, F.logsigmoid(logits), F.logsigmoid(-logits))
+        return PolicyBoundaries(a=a, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob)
 
     def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
         base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)

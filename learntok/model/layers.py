@@ -253,13 +253,14 @@ class Attention(nn.Module):
 
     def extend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: "KVCache", visible: torch.Tensor,
                slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """x (B, n, C): n new positions per row after those in the cache. Each query attends the cache
-        slots and new positions marked in `visible` (B, n, S + n); then the new keys and values marked in
-        `keep` (B, n) go to cache slots `slots` (B, n)."""
+        """x (B, n, C): n new positions per row after those in the cache. Each query attends the first
+        cache slots and the new positions marked in `visible` (B, n, used + n); then the new keys and
+        values marked in `keep` (B, n) go to cache slots `slots` (B, n)."""
         B, n, C = x.shape
         q, k, v = self.project(x, cos, sin)  # (B, H, n, hd)
-        keys = torch.cat([cache.k, k.to(cache.k.dtype)], dim=2)  # (B, H, S + n, hd)
-        values = torch.cat([cache.v, v.to(cache.v.dtype)], dim=2)
+        used = visible.shape[2] - n  # the cache slots that may hold keys (a full cache: the filled ones)
+        keys = torch.cat([cache.k[:, :, :used], k.to(cache.k.dtype)], dim=2)  # (B, H, used + n, hd)
+        values = torch.cat([cache.v[:, :, :used], v.to(cache.v.dtype)], dim=2)
         y = _attend(q, keys, values, visible[:, None], self.cap)  # (B, H, n, hd)
         rows, new = keep.nonzero(as_tuple=True)
         cache.k[rows, :, slots[rows, new]] = k[rows, :, new].to(cache.k.dtype)
@@ -390,19 +391,19 @@ class Stack(nn.Module):
         real = torch.ones(B, n, dtype=torch.bool, device=x.device) if real is None else real
         length = cache.length[:, None]  # (B, 1)
         # every key's place in its row's sequence: the ring holds the last S places before `length`
-        slot = torch.arange(S, device=x.device)[None, :]  # (1, S)
-        if window is None:
-            cached = slot.expand(B, S)  # slot s holds place s
+        if window is None:  # slot s holds place s: only the filled ones can be seen
+            cached = torch.arange(int(cache.length.max()), device=x.device).expand(B, -1)
         else:
+            slot = torch.arange(S, device=x.device)[None, :]  # (1, S)
             cached = length - 1 - (length - 1 - slot) % S  # the latest place p < length with p % S == s
         new = length + torch.arange(n, device=x.device)[None, :]  # (B, n)
-        keys = torch.cat([cached, new], dim=1)  # (B, S + n)
+        keys = torch.cat([cached, new], dim=1)  # (B, used + n)
         key_ok = torch.cat([(cached >= 0) & (cached < length), real], dim=1)
         q = new[:, :, None]
-        visible = key_ok[:, None, :] & (keys[:, None, :] <= q)  # (B, n, S + n)
+        visible = key_ok[:, None, :] & (keys[:, None, :] <= q)  # (B, n, used + n)
         if window is not None:
             visible &= keys[:, None, :] > q - window
-        visible[:, :, S:] |= torch.eye(n, dtype=torch.bool, device=x.device)  # a padding query sees itself: no empty row
+        visible[:, :, -n:] |= torch.eye(n, dtype=torch.bool, device=x.device)  # a padding query sees itself: no empty row
         keep = real & (new >= (length + real.sum(1, keepdim=True)) - S)  # a ring keeps only its last S places
         for block, layer_cache in zip(self.blocks, cache.layers):
             x = block.extend(x, cos, sin, layer_cache, visible, new % S, keep)
