@@ -189,25 +189,13 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C)
         hidden = self.encoder.prefill(x, positions, cache.encoder)  # X (B, T, C)
         early_logits = self.early_head(hidden)
-        bnd = None
-        if self._default_pooling():
-            forced = torch.zeros_like(inputs, dtype=torch.bool)
-            forced[:, 0] = True
-            bnd = self.boundaries.prefill(BoundaryInput(hidden, inputs, inputs != PAD, forced, None, generator, uniforms,
-                                                        early_logits), cache.boundaries)
-        if bnd is not None:  # the default pooling: X at the boundaries in, X_j + Y'_{c(j)} out
-            a, probs, pooled = bnd.a, bnd.probs, hidden
-        else:
-            steps, a, probs, pooled = self._decide_by_steps(hidden, inputs, 0, generator, uniforms, early_logits,
-                                                            cache.boundaries)
+        steps, a, probs, pooled = self._decide(hidden, inputs, 0, generator, uniforms, early_logits, cache.boundaries)
         tok_pos, tok_valid, _ = resample.boundary_positions(a)  # (B, M)
         tokens = resample.downsample(pooled, tok_pos)  # (B, M, C)
         tokens = self.mid.prefill(tokens, tok_pos, cache.mid, lengths=tok_valid.sum(1))
         per_byte = resample.upsample(torch.zeros_like(hidden), tokens, resample.token_index(a))  # (B, T, C): Y'_{c(j)}
-        if bnd is not None:
-            y = hidden + per_byte
-        else:
-            y = self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
+        # the default pooling adds Y'_{c(j)} to X_j; a strategy with its own unpools byte by byte
+        y = hidden + per_byte if steps is None else self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
         y = self.decoder.prefill(y, positions, cache.decoder)
         cache.token = per_byte[:, -1]
         cache.position = T
@@ -229,23 +217,14 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, n, C)
         hidden = self.encoder.extend(x, positions, cache.encoder)  # X (B, n, C)
         early_logits = self.early_head(hidden)
-        bnd = None
-        if self._default_pooling():
-            none_forced = torch.zeros_like(inputs, dtype=torch.bool)
-            bnd = self.boundaries.prefill(BoundaryInput(hidden, inputs, inputs != PAD, none_forced, None, None, uniforms,
-                                                        early_logits), cache.boundaries)
-        if bnd is not None:
-            a, probs, pooled = bnd.a, bnd.probs, hidden
-        else:
-            steps, a, probs, pooled = self._decide_by_steps(hidden, inputs, P, None, uniforms, early_logits,
-                                                            cache.boundaries)
+        steps, a, probs, pooled = self._decide(hidden, inputs, P, None, uniforms, early_logits, cache.boundaries)
         slots = resample.boundary_positions(a)  # the new tokens, (B, M)
         tokens = resample.downsample(pooled, slots.pos)  # (B, M, C)
         tokens = self.mid.extend(tokens, P + slots.pos, cache.mid, real=slots.valid)
         # byte j adds the latest token ending at or before it: a new one, else the cache's
         latest = torch.cat([cache.token[:, None], tokens], dim=1)  # (B, 1 + M, C)
         per_byte = resample.upsample(torch.zeros_like(hidden), latest, a.long().cumsum(dim=1))  # (B, n, C)
-        y = hidden + per_byte if bnd is not None else self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
+        y = hidden + per_byte if steps is None else self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
         y = self.decoder.extend(y, positions, cache.decoder)
         cache.token = per_byte[:, -1]
         cache.position = P + n
@@ -256,6 +235,19 @@ class ByteUNet(nn.Module):
         out): then its `prefill` hook may decide many positions in one pass."""
         strategy = type(self.boundaries)
         return strategy.pool_step is BoundaryStrategy.pool_step and strategy.unpool_step is BoundaryStrategy.unpool_step
+
+    def _decide(self, hidden, inputs, first, generator, uniforms, early_logits, state):
+        """The strategy's decisions at positions first .. first + n - 1 from its state `state`: in one
+        batched pass where it has one (the default pooling and a `prefill` hook; then no steps: None),
+        else one `step` at a time. (steps, a (B, n), probs (B, n) or None, the token-level inputs)."""
+        if self._default_pooling():
+            forced = torch.zeros_like(inputs, dtype=torch.bool)
+            forced[:, 0] = first == 0  # BOS
+            bnd = self.boundaries.prefill(BoundaryInput(hidden, inputs, inputs != PAD, forced, None, generator, uniforms,
+                                                        early_logits), state)
+            if bnd is not None:
+                return None, bnd.a, bnd.probs, hidden
+        return self._decide_by_steps(hidden, inputs, first, generator, uniforms, early_logits, state)
 
     def _decide_by_steps(self, hidden, inputs, first, generator, uniforms, early_logits, state):
         """The strategy's decisions over positions first .. first + n - 1 one `step` at a time, from its
