@@ -98,21 +98,35 @@ class LearnedPolicy(BoundaryStrategy):
         return z[..., 0] + math.log(self.cfg.target_rate / (1 - self.cfg.target_rate)), z[..., 1:]
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        base, lag = self.scaled_logit_terms(inp.hidden)
+        return self._policy(inp)
+
+    def _policy(self, inp: BoundaryInput, past: torch.Tensor | None = None) -> PolicyBoundaries:
+        """Sample the decisions at the positions of `inp` (after the decisions `past` (B, w), oldest first,
+        where given), then recompute the logits of the executed history, with gradient."""
+        base, lag = self.scaled_logit_terms(inp.hidden)  # (B, n), (B, n, w)
         cap = self.options.softcap if self.training else None
-        a = self.sample(base, lag, inp, cap)
-        # recompute the logits of the executed history, with gradient
-        l_scaled = base + (lagged(a.to(lag.dtype), self.lags) * lag).sum(-1) if self.lags else base
+        a = self.sample(base, lag, inp, cap, past)
+        executed = a if past is None else torch.cat([past, a], dim=1)
+        l_scaled = base
+        if self.lags:
+            lags = lagged(executed.to(lag.dtype), self.lags)[:, executed.shape[1] - a.shape[1]:]  # (B, n, w)
+            l_scaled = base + (lags * lag).sum(-1)
         logits = softcap(l_scaled, cap)
         log_prob = torch.where(a, F.logsigmoid(logits), F.logsigmoid(-logits))
         return PolicyBoundaries(a=a, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob)
 
     @torch.no_grad()
-    def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None) -> torch.Tensor:
+    def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None,
+               past: torch.Tensor | None = None) -> torch.Tensor:
         u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator, device=base.device)
         threshold = thresholds_from_uniforms(u, cap)
         threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
-        return scan_boundaries(base.detach(), lag.detach(), threshold)
+        if past is None:
+            return scan_boundaries(base.detach(), lag.detach(), threshold)
+        # the past enters the scan as w positions forced to what they were: each decision sees its lags
+        w = past.shape[1]
+        forced_past = torch.where(past, -math.inf, math.inf).to(threshold.dtype)  # (B, w)
+        return scan_boundaries(F.pad(base, (w, 0)), F.pad(lag, (0, 0, w, 0)), torch.cat([forced_past, threshold], 1))[:, w:]
 
     # --- generation: one decision per new byte, the scan's arithmetic -----------------------------
 
@@ -121,27 +135,13 @@ class LearnedPolicy(BoundaryStrategy):
         return torch.zeros(batch_size, self.lags, dtype=torch.bool, device=device)
 
     def prefill(self, inp: BoundaryInput, history: torch.Tensor) -> Boundaries:
-        """The positions of `inp` after the w decisions in `history` (none yet for a prompt) in one scan:
-        the history enters the scan as w positions forced to what they were, so each decision sees the
-        lags `step` would give it; then the newest w decisions go into the history."""
-        w = self.lags
-        base, lag = self.scaled_logit_terms(inp.hidden)  # (B, n), (B, n, w)
-        cap = self.options.softcap if self.training else None
+        """The positions of `inp` after the w decisions in `history` (none yet for a prompt) in one scan,
+        then the newest w decisions into the history."""
         past = history.flip(1)  # (B, w) oldest first
-        with torch.no_grad():
-            u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator,
-                                                                         device=base.device)
-            threshold = thresholds_from_uniforms(u, cap)
-            threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
-            forced_past = torch.where(past, -math.inf, math.inf).to(threshold.dtype)  # (B, w)
-            a = scan_boundaries(F.pad(base, (w, 0)), F.pad(lag, (0, 0, w, 0)), torch.cat([forced_past, threshold], 1))
-        decisions = torch.cat([past, a[:, w:]], dim=1)  # (B, w + n), the history first
-        l_scaled = base + (lagged(decisions.to(lag.dtype), w)[:, w:] * lag).sum(-1) if w else base
-        logits = softcap(l_scaled, cap)
-        history.copy_(decisions[:, decisions.shape[1] - w:].flip(1))  # newest first, as `step` keeps them
-        a = a[:, w:]
-        log_prob = torch.where(a, F.logsigmoid(logits), F.logsigmoid(-logits))
-        return PolicyBoundaries(a=a, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob)
+        bnd = self._policy(inp, past)
+        executed = torch.cat([past, bnd.a], dim=1)
+        history.copy_(executed[:, executed.shape[1] - self.lags:].flip(1))  # newest first, as `step` keeps them
+        return bnd
 
     def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
         base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)
