@@ -89,9 +89,8 @@ class ModelScore(ContinuationScore):
 
 
 def draw_seed(seed: int, sample: int) -> int:
-    """The generator seed of boundary draw `sample` under the scoring seed `seed` (63 bits)."""
-    h = hashlib.blake2b(f"{seed}/{sample}/".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+    """The generator seed of boundary draw `sample` under the scoring seed `seed`."""
+    return _hashed_seed(f"{seed}/{sample}/")
 
 
 def boundary_uniforms(seed: int, length: int, sample: int = 0) -> torch.Tensor:
@@ -107,7 +106,12 @@ def _stream(generator_seed: int, length: int) -> torch.Tensor:
 
 
 def _derived_seed(seed: int, sample: int, window: int) -> int:
-    h = hashlib.blake2b(f"explicit/{seed}/{sample}/{window}".encode(), digest_size=8).digest()
+    return _hashed_seed(f"explicit/{seed}/{sample}/{window}")
+
+
+def _hashed_seed(key: str) -> int:
+    """A 63-bit generator seed (`manual_seed`) from a hash of `key`."""
+    h = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
