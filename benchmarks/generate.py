@@ -2,7 +2,7 @@
 
     python benchmarks/generate.py                       # CPU default size (d=128, 2/2/2), random weights
     python benchmarks/generate.py --checkpoint runs/demo --bytes 1000
-    python benchmarks/generate.py --checkpoint runs/demo --batch-sizes 1,16 --thread-counts 1,2
+    python benchmarks/generate.py --checkpoint runs/demo --batch-sizes 1,16 --thread-counts 1,2 --compile
 
 `--batch-sizes` prints, for each torch thread count, cached generation's bytes/s at each batch size
 (B prompts of one length, generated as one batch: the aggregate over the rows) beside the bytes/s of a
@@ -11,6 +11,7 @@ training step of the same model (forward, backward and AdamW on the run's batch 
 
 Three ways to produce the same bytes (same seed, same boundary draws; the script checks they agree):
   cached          prefill the prompt, then one `ByteUNet.step` per byte: O(window + tokens) per byte
+                  (with --compile also through the compiled step, `generate(compile=True)`)
   full, prefix    a full forward pass over the whole prefix per byte (exact for `learned`, whose
                   boundaries look only backwards)
   full, padded    a full forward pass over the prefix padded to the final length per byte (exact for
@@ -55,6 +56,9 @@ def main() -> int:
     p.add_argument("--skip-padded", action="store_true", help="leave out the slowest row")
     p.add_argument("--batch-sizes", default="", help="comma-separated: the side-by-side table instead (see above)")
     p.add_argument("--thread-counts", default="1", help="comma-separated torch thread counts for --batch-sizes")
+    p.add_argument("--compile", action="store_true",
+                   help="also time cached generation with the compiled step (`generate(compile=True)`; its "
+                        "compile time is printed apart, once per batch size and thread count)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,12 +85,16 @@ def main() -> int:
 
     n_full = args.uncached_bytes or args.bytes
     rows = [("cached (kv caches, step)", args.bytes, {})]
+    if args.compile:
+        rows.append(("cached, compiled step", args.bytes, {"compile": True}))
     rows.append(("full forward per byte, prefix", n_full, {"use_cache": False, "pad_uncached": False}))
     if not args.skip_padded:
         rows.append(("full forward per byte, padded", n_full, {"use_cache": False, "pad_uncached": True}))
     results = []
     for name, n, kw in rows:
-        run(8, **kw)  # warm up (numba compile of the scan for the uncached rows, allocator)
+        _, warm = run(8, **kw)  # warm up (numba compile of the scan for the uncached rows, allocator; compiling)
+        if kw.get("compile"):
+            print(f"  compiling the step: {warm:.1f} s", file=sys.stderr)
         g, seconds = run(n, **kw)
         results.append((name, n, seconds, g))
         print(f"  {name}: {n} bytes in {seconds:.2f} s", file=sys.stderr)
@@ -113,7 +121,9 @@ def side_by_side(model, cfg, what: str, args) -> int:
     print(f"model: {what}; {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
           f"{model.boundaries.name} boundaries; {args.bytes} bytes per row after a {len(args.prompt.encode())}-byte prompt; "
           f"training step: {cfg.train.batch_size} x {cfg.train.seq_len} bytes")
-    header = f"{'threads':>7} {'train step bytes/s':>19}" + "".join(f" {f'gen B={b} bytes/s':>17} {'/ train':>8}" for b in sizes)
+    modes = [("", False)] + ([(" compiled", True)] if args.compile else [])
+    header = f"{'threads':>7} {'train step bytes/s':>19}" + "".join(
+        f" {f'gen B={b}{mode} bytes/s':>{17 + len(mode)}} {'/ train':>8}" for b in sizes for mode, _ in modes)
     print(header)
     for threads in (int(t) for t in args.thread_counts.split(",")):
         torch.set_num_threads(threads)
@@ -122,11 +132,17 @@ def side_by_side(model, cfg, what: str, args) -> int:
         for b in sizes:
             # B prompts of the prompt's length (distinct bytes, one cache group): every row steps together
             prompts = [args.prompt[:-1] + chr(33 + i % 90) for i in range(b)]
-            generate(model, prompts, max_bytes=8, seed=args.seed, stop_on_eos=False, threads=None)  # warm up
-            t0 = time.perf_counter()
-            generate(model, prompts, max_bytes=args.bytes, seed=args.seed, stop_on_eos=False, threads=None)
-            rate = b * args.bytes / (time.perf_counter() - t0)
-            row += f" {rate:>17.0f} {rate / train['bytes_s']:>8.3f}"
+            for mode, compile in modes:
+                t0 = time.perf_counter()  # warm up (and compile the step)
+                generate(model, prompts, max_bytes=8, seed=args.seed, stop_on_eos=False, threads=None, compile=compile)
+                if compile:
+                    print(f"  threads {threads}, B={b}: compiling the step took {time.perf_counter() - t0:.1f} s",
+                          file=sys.stderr)
+                t0 = time.perf_counter()
+                generate(model, prompts, max_bytes=args.bytes, seed=args.seed, stop_on_eos=False, threads=None,
+                         compile=compile)
+                rate = b * args.bytes / (time.perf_counter() - t0)
+                row += f" {rate:>{17 + len(mode)}.0f} {rate / train['bytes_s']:>8.3f}"
         print(row)
     return 0
 

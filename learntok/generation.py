@@ -18,8 +18,10 @@ that order). `torch.manual_seed(seed)` followed by transformers' `model.generate
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -42,8 +44,7 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator | None, *, temp
     top_p keeps the smallest set whose probability reaches p. The float32 operations are those of
     transformers' SuppressTokens, Temperature, TopK and TopP processors and its sampling step, so the
     same generator state draws the same byte."""
-    scores = logits.float().clone()
-    scores[:, [BOS, PAD] if allow_eos else [BOS, PAD, EOS]] = -math.inf
+    scores = logits.float().masked_fill(_suppressed(allow_eos, logits.device), -math.inf)
     if temperature <= 0:
         return scores.argmax(dim=-1)
     if temperature != 1.0:
@@ -57,6 +58,14 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator | None, *, temp
         drop[:, -1] = False  # the most likely byte always stays
         scores = scores.masked_fill(drop.scatter(1, order, drop), -math.inf)
     return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[:, 0]
+
+
+@functools.cache
+def _suppressed(allow_eos: bool, device: torch.device) -> torch.Tensor:
+    """(V,) bool: the bytes `sample_next` never draws."""
+    never = torch.zeros(VOCAB_SIZE, dtype=torch.bool, device=device)
+    never[[BOS, PAD] if allow_eos else [BOS, PAD, EOS]] = True
+    return never
 
 
 # --- generation ----------------------------------------------------------------------------------
@@ -92,7 +101,7 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None, *,
              boundary_seed: int = 0, use_cache: bool = True, pad_uncached: bool = True, stop_on_eos: bool = True,
              on_bytes: Callable[[bytes], None] | None = None, keep_logits: bool = False,
-             threads: int | None = 1) -> Generation | list[Generation]:
+             threads: int | None = 1, compile: bool = False) -> Generation | list[Generation]:
     """Sample up to `max_bytes` bytes after `prompt` (eval mode; boundaries sampled as in evaluation).
 
     `prompt` may be a list of prompts, generated as one batch (rows whose prompts have the same length
@@ -109,7 +118,10 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
 
     `threads`: torch CPU threads while generating with the cache on the CPU (restored afterwards). A
     step is some 200 operations on tensors of one row, which threads only slow down (d=128 on a busy
-    2-core machine: 13 ms per byte with 1 thread, 320 ms with 2). None or 0 keeps torch's setting."""
+    2-core machine: 13 ms per byte with 1 thread, 320 ms with 2). None or 0 keeps torch's setting.
+
+    `compile`: step through `compiled_step`, one compiled graph per byte (several times faster on a CPU,
+    after tens of seconds of compiling once per process, model, batch size and thread count)."""
     batched = not isinstance(prompt, (str, bytes, bytearray))
     prompts = [_encode(p) for p in (prompt if batched else [prompt])]
     if not prompts:
@@ -118,6 +130,8 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     if batched and not use_cache:
         raise ValueError("use_cache=False generates one prompt at a time")
+    if compile and not use_cache:
+        raise ValueError("compile=True compiles the cached step: it needs use_cache=True")
     if seed is None:
         seed = random.randrange(2**63)
     was_training = model.training
@@ -131,31 +145,33 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
     with _torch_threads(threads if use_cache and device.type == "cpu" else None):
         try:
             if use_cache:
-                run = CachedRows(model, rows, max_bytes, uniforms)
+                run = CachedRows(model, rows, max_bytes, uniforms, compile=compile)
             else:
                 run = _FullRun(model, rows[0][None], uniforms[None, :len(rows[0]) + max_bytes], pad_uncached)
             out = [[] for _ in range(B)]
             stop = ["max_bytes"] * B
             kept = [[] for _ in range(B)]
-            live = torch.ones(B, dtype=torch.bool, device=device)
+            live = [True] * B  # host-side bookkeeping: a step's only sync is reading the drawn bytes
             logits = run.logits  # (B, V)
             for _ in range(max_bytes):
                 if keep_logits:
-                    for r in live.nonzero()[:, 0].tolist():
-                        kept[r].append(logits[r].clone())
+                    for r in range(B):
+                        if live[r]:
+                            kept[r].append(logits[r].clone())
                 nxt = sample_next(logits, gen, temperature=temperature, top_k=top_k, top_p=top_p,
                                   allow_eos=stop_on_eos)  # (B,)
-                ended = live & (nxt == EOS) if stop_on_eos else torch.zeros_like(live)
-                for r in ended.nonzero()[:, 0].tolist():
-                    stop[r] = "eos"
-                live &= ~ended
-                if not bool(live.any()):
+                for r, byte in enumerate(nxt.tolist()):
+                    if live[r] and stop_on_eos and byte == EOS:
+                        stop[r], live[r] = "eos", False
+                    elif live[r]:
+                        out[r].append(byte)
+                if not any(live):
                     break
-                for r, byte in zip(live.nonzero()[:, 0].tolist(), nxt[live].tolist()):
-                    out[r].append(byte)
                 if on_bytes is not None and not batched:
                     on_bytes(bytes([out[0][-1]]))
-                logits = run.append(torch.where(live, nxt, PAD))  # finished rows step on PAD, unread
+                if not all(live):  # finished rows step on PAD, unread
+                    nxt = torch.where(torch.tensor(live, device=device), nxt, PAD)
+                logits = run.append(nxt)
             results = []
             for r in range(B):
                 a, probs = run.boundaries(r, len(rows[r]) + len(out[r]))
@@ -185,40 +201,100 @@ class CachedRows:
     per batch). Each row's boundaries use `uniforms[t]` at its position t.
 
     `rows`: B prompts (n_b,) starting with BOS; `new`: the bytes each row may still be fed; `uniforms`:
-    (positions,) with room for the longest row. `logits` (B, V): the next-byte logits after the last
-    byte fed (what `learntok.hf` also generates from)."""
+    (positions,) with room for the longest row; `compile`: step through `compiled_step`. `logits`
+    (B, V): the next-byte logits after the last byte fed (what `learntok.hf` also generates from)."""
 
-    def __init__(self, model, rows: Sequence[torch.Tensor], new: int, uniforms: torch.Tensor):
+    def __init__(self, model, rows: Sequence[torch.Tensor], new: int, uniforms: torch.Tensor, compile: bool = False):
         self.model, self.uniforms = model, uniforms
         device = rows[0].device
         lengths = torch.tensor([len(r) for r in rows])
-        self.groups = []  # (row indices, InferenceCache, [(b, t) boundary blocks], [(b, t) probability blocks])
+        self.groups = []  # (row indices, InferenceCache, step, [(b, t) boundary blocks], [(b, t) probability blocks])
         self.logits = torch.zeros(len(rows), VOCAB_SIZE, device=device)
         for n in sorted(set(lengths.tolist())):
             index = (lengths == n).nonzero()[:, 0].tolist()
             cache = model.allocate_inference_cache(len(index), n + new)
             first = model.prefill(torch.stack([rows[i] for i in index]), cache, uniforms=uniforms[:n].expand(len(index), n))
             self.logits[index] = first.logits[:, -1]
-            self.groups.append((torch.tensor(index, device=device), cache, [first.a], [_probs(first)]))
+            step = compiled_step(model, len(index)) if compile else model.step
+            self.groups.append((torch.tensor(index, device=device), cache, step, [first.a], [_probs(first)]))
+        self.one_group = len(self.groups) == 1  # then its rows are all rows, in order: no indexing per byte
 
     def append(self, byte: torch.Tensor) -> torch.Tensor:
         """Feed one byte per row, (B,); returns the next logits (B, V)."""
-        for index, cache, a, probs in self.groups:
-            j = cache.position
-            st = self.model.step(byte[index], cache, uniforms=self.uniforms[j].expand(len(index)))
-            self.logits[index] = st.logits[:, -1]
+        for index, cache, step, a, probs in self.groups:
+            rows = byte if self.one_group else byte[index]
+            st = step(rows, cache, uniforms=self.uniforms[cache.position].expand(len(rows)))
+            if self.one_group:
+                self.logits = st.logits[:, -1]
+            else:
+                self.logits[index] = st.logits[:, -1]
             a.append(st.a)
             probs.append(_probs(st))
         return self.logits
 
     def boundaries(self, row: int, length: int | None = None) -> tuple[list[bool], list[float]]:
         """Row `row`'s boundary decisions and probabilities at its first `length` positions."""
-        for index, _, a, probs in self.groups:
+        for index, _, _, a, probs in self.groups:
             k = (index == row).nonzero()
             if len(k):
                 k = int(k[0, 0])
                 return torch.cat(a, 1)[k, :length].tolist(), torch.cat(probs, 1)[k, :length].tolist()
         raise IndexError(f"no row {row}")
+
+
+# Inductor settings of the compiled step: the weights become constants (the small matrix products are then
+# generated for their shapes), and the graph is called from C++ rather than Python
+_STEP_INDUCTOR = {"freezing": True, "cpp_wrapper": True, "max_autotune": True}
+_compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch size: CompiledStep}
+
+
+class CompiledStep:
+    """`ByteUNet.step` of a fixed model for B rows, compiled with `torch.compile` into one graph: on a CPU
+    a step is otherwise hundreds of tiny operations, each costing more to dispatch than to compute. The same
+    numbers as `model.step` up to float rounding, the same bytes (tests/test_generation.py).
+
+    One graph serves every byte: what changes from byte to byte is tensor data (the position, from
+    `ByteUNet.advance`) or a dynamic size (the token level's slots). What cannot change is fixed when it
+    is built: the model and its weights (compiled in as constants), B, boundary draws given as `uniforms`.
+    So dynamo checks no guards at each step; `__call__` checks B, `compiled_step` the weights. Compiling
+    takes tens of seconds on a CPU, once per process, model and B: worth it for hundreds of bytes."""
+
+    def __init__(self, model, batch_size: int):
+        self.model = weakref.ref(model)  # kept beside the model (`compiled_step`), not keeping it alive
+        self.batch_size = batch_size
+        self.weights = _weights_version(model)
+        self.fn = torch.compile(type(model).step_at, options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+        self.settings = torch._inductor.config.patch(_STEP_INDUCTOR)  # read while compiling, at the first call
+
+    def __call__(self, byte: torch.Tensor, cache, uniforms: torch.Tensor):
+        """`model.step(byte, cache, uniforms=uniforms)`: byte and uniforms (B,)."""
+        if byte.shape != (self.batch_size,) or uniforms.shape != (self.batch_size,):
+            raise ValueError(f"this compiled step takes {self.batch_size} rows: bytes and uniforms of shape "
+                             f"({self.batch_size},), not {tuple(byte.shape)} and {tuple(uniforms.shape)}")
+        model = self.model()
+        position = model.advance(cache, byte)
+        if self.settings is None:
+            return self.fn(model, byte, position, cache, uniforms=uniforms)
+        with self.settings:
+            out = self.fn(model, byte, position, cache, uniforms=uniforms)
+        self.settings = None
+        return out
+
+
+def compiled_step(model, batch_size: int) -> CompiledStep:
+    """The `CompiledStep` of `model` with its current weights for `batch_size` rows and torch's current
+    number of threads (built on first use, kept with the model; built again when its weights change)."""
+    steps = _compiled_steps.setdefault(model, {})
+    key = (batch_size, torch.get_num_threads())  # Inductor's CPU code is generated for the thread count
+    step = steps.get(key)
+    if step is None or step.weights != _weights_version(model):
+        step = steps[key] = CompiledStep(model, batch_size)
+    return step
+
+
+def _weights_version(model) -> tuple:
+    """What changes when a weight does: its storage, or its version counter (bumped by in-place updates)."""
+    return tuple((p.data_ptr(), p._version) for p in model.state_dict(keep_vars=True).values())
 
 
 def _probs(out) -> torch.Tensor:

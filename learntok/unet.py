@@ -197,7 +197,7 @@ class ByteUNet(nn.Module):
         # the default pooling adds Y'_{c(j)} to X_j; a strategy with its own unpools byte by byte
         y = hidden + per_byte if steps is None else self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
         y = self.decoder.prefill(y, positions, cache.decoder)
-        cache.token = per_byte[:, -1]
+        cache.token.copy_(per_byte[:, -1])
         cache.position = T
         return StepOutput(self.head(y), a, probs)
 
@@ -226,7 +226,7 @@ class ByteUNet(nn.Module):
         per_byte = resample.upsample(torch.zeros_like(hidden), latest, a.long().cumsum(dim=1))  # (B, n, C)
         y = hidden + per_byte if steps is None else self._unpool_by_steps(hidden, per_byte, steps, cache.boundaries)
         y = self.decoder.extend(y, positions, cache.decoder)
-        cache.token = per_byte[:, -1]
+        cache.token.copy_(per_byte[:, -1])
         cache.position = P + n
         return StepOutput(self.head(y), a, probs)
 
@@ -254,7 +254,8 @@ class ByteUNet(nn.Module):
         state `state`: (the steps, a (B, n), probs (B, n) or None, the token-level inputs (B, n, C))."""
         steps, pooled = [], []
         for j in range(inputs.shape[1]):
-            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], first + j, generator, uniforms,
+            position = torch.full_like(inputs[:, j], first + j)
+            st = self.boundaries.step(self._step_input(hidden[:, j], inputs[:, j], position, generator, uniforms,
                                                        early_logits[:, j], column=j), state)
             steps.append(st)
             pooled.append(self.boundaries.pool_step(hidden[:, j], st, state))
@@ -270,30 +271,43 @@ class ByteUNet(nn.Module):
              generator: torch.Generator | None = None) -> StepOutput:
         """Append one byte per row, byte (B,), at position `cache.position`: `prefill` for T = 1, with
         the token level stepped only in rows where this byte ends a token. `uniforms`: (B,)."""
+        return self.step_at(byte, self.advance(cache, byte), cache, uniforms=uniforms, generator=generator)
+
+    def advance(self, cache: InferenceCache, byte: torch.Tensor) -> torch.Tensor:
+        """The position of the next byte, (B,) int64, counted in `cache` (which must have room for it), and
+        a token-level slot reserved for it: the host-side part of `step`."""
         j = cache.position
         if j >= cache.max_len:
             raise ValueError(f"the inference cache has room for {cache.max_len} positions; allocate a larger one")
-        B = byte.shape[0]
-        positions = torch.full((B, 1), j, dtype=torch.long, device=byte.device)
+        cache.position = j + 1
+        self.mid.reserve(cache.mid, int(cache.mid.length.max()) + 1)
+        return torch.full_like(byte, j)
+
+    def step_at(self, byte: torch.Tensor, position: torch.Tensor, cache: InferenceCache, *,
+                uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:
+        """`step` at `position` (B,) from `advance`: tensors only, no Python number that changes from byte to
+        byte, so that one compiled graph serves every byte (`generation.CompiledStep`)."""
+        positions = position[:, None]  # (B, 1)
         x = self.embed(byte[:, None]) * math.sqrt(self.cfg.d_model)  # (B, 1, C)
         hidden = self.encoder.step(x, positions, cache.encoder)[:, 0]  # X_j (B, C)
         early_logits = self.early_head(hidden)
-        st = self.boundaries.step(self._step_input(hidden, byte, j, generator, uniforms, early_logits),
+        st = self.boundaries.step(self._step_input(hidden, byte, position, generator, uniforms, early_logits),
                                   cache.boundaries)
         token = self.boundaries.pool_step(hidden, st, cache.boundaries)  # (B, C)
-        if bool(st.a.any()):
+        # eager, the token level runs only when a token ends; compiled, always (no branch on data), its
+        # output kept only where one does
+        if torch.compiler.is_compiling() or bool(st.a.any()):
             token = self.mid.step(token[:, None], positions, cache.mid, commit=st.a)[:, 0]  # RoPE at position j
             cache.token = torch.where(st.a[:, None], token, cache.token)
         y = self.boundaries.unpool_step(hidden, cache.token, st, cache.boundaries)
         y = self.decoder.step(y[:, None], positions, cache.decoder)  # (B, 1, C)
-        cache.position = j + 1
         return StepOutput(self.head(y), st.a[:, None], None if st.probs is None else st.probs[:, None])
 
     @staticmethod
-    def _step_input(hidden, byte, j, generator, uniforms, early_logits, column=None) -> BoundaryStepInput:
+    def _step_input(hidden, byte, position, generator, uniforms, early_logits, column=None) -> BoundaryStepInput:
         pick = (lambda t: t) if column is None else (lambda t: t[:, column])  # noqa: E731
         return BoundaryStepInput(
-            hidden=hidden, byte=byte, position=j, forced=torch.full_like(byte, j == 0, dtype=torch.bool),
+            hidden=hidden, byte=byte, position=position, forced=position == 0,
             generator=generator, uniforms=None if uniforms is None else pick(uniforms), early_logits=early_logits)
 
     # --- accounting ------------------------------------------------------------------------------

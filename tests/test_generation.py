@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from learntok.boundaries import STRATEGIES
 from learntok.boundaries.base import BoundaryStrategy
 from learntok.data.batch import BOS, EOS, PAD
-from learntok.generation import Generation, generate, sample_next, score
+from learntok.generation import Generation, compiled_step, generate, sample_next, score
+from learntok.model import layers
 from learntok.unet import ByteUNet
 
 from conftest import random_inputs, tiny_config
@@ -56,8 +57,14 @@ def generating_model(name, extra):
     return model
 
 
+@pytest.fixture
+def small_cache_blocks(monkeypatch):
+    """The token-level cache grows in blocks of 4 slots: many times in a short generation."""
+    monkeypatch.setattr(layers, "CACHE_BLOCK", 4)
+
+
 @pytest.mark.parametrize("name,extra", GENERATING)
-def test_cached_generation_equals_full_recomputation(name, extra):
+def test_cached_generation_equals_full_recomputation(name, extra, small_cache_blocks):
     model = generating_model(name, extra)
     kw = dict(max_bytes=300, temperature=1.0, seed=7, stop_on_eos=False, keep_logits=True)
     cached = generate(model, PROMPT, **kw)
@@ -77,7 +84,7 @@ def test_cached_generation_equals_full_recomputation(name, extra):
 @pytest.mark.parametrize("continued_by", ["steps", "extend"])
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("name,extra", GENERATING)
-def test_prefill_then_steps_or_extend_match_forward_per_row(name, extra, training, continued_by):
+def test_prefill_then_steps_or_extend_match_forward_per_row(name, extra, training, continued_by, small_cache_blocks):
     """Two rows in lockstep making different boundary decisions (the token-level cache commits per
     row), a prompt longer than the window (the byte-level ring wraps), continued byte by byte, or by
     `extend` in pieces of 1, 3 and 25 bytes (the ring wraps inside one call) and then a step, against
@@ -102,6 +109,9 @@ def test_prefill_then_steps_or_extend_match_forward_per_row(name, extra, trainin
     a = torch.cat([o.a for o in outs], dim=1)
     assert torch.equal(a, ref.boundaries.a[:, :T])
     assert (logits - ref.logits[:, :T]).abs().max() < 1e-4
+    tokens = int(cache.mid.length.max())
+    assert tokens > layers.CACHE_BLOCK  # the token-level cache grew, to hold what it stores and not the budget
+    assert tokens <= cache.mid.layers[0].k.shape[2] <= max(2 * tokens, layers.CACHE_BLOCK)
     if name == "learned":
         assert not torch.equal(a[0, P:], a[1, P:])
         probs = torch.cat([o.probs for o in outs], dim=1)
@@ -238,6 +248,31 @@ class RowScriptedHead(torch.nn.Module):
             out[r, :, script[self.calls] if self.calls < len(script) else EOS] = 50.0
         self.calls += 1
         return out
+
+
+def test_compiled_generation_matches_eager():
+    """`generate(compile=True)`: one compiled graph per byte (weights frozen in, no guards checked) draws
+    the bytes and boundaries of the eager steps, its logits equal up to float rounding; the graph is kept
+    with the model for its batch size and built again when the weights change."""
+    model = make_model("learned", learned={"lags": 8})
+    prompts = ["The quick", "Hello, w!"]  # one length: one batch of 2 rows
+    kw = dict(max_bytes=120, seed=3, stop_on_eos=False, keep_logits=True)
+    eager = generate(model, prompts, **kw)
+    compiled = generate(model, prompts, compile=True, **kw)
+    for e, c in zip(eager, compiled):
+        assert (c.data, c.boundaries) == (e.data, e.boundaries)
+        assert max(float((a - b).abs().max()) for a, b in zip(c.logits, e.logits)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(c.probs, e.probs)) < 1e-5
+        assert 0 < sum(c.boundaries[len(c.prompt):]) < len(c.data)
+    step = compiled_step(model, 2)
+    assert compiled_step(model, 2) is step
+    with pytest.raises(ValueError, match="takes 2 rows"):
+        step(torch.zeros(3, dtype=torch.long), model.allocate_inference_cache(3, 8), torch.zeros(3))
+    with torch.no_grad():
+        model.head.proj.weight.mul_(2)
+    assert compiled_step(model, 2) is not step
+    with pytest.raises(ValueError, match="use_cache=True"):
+        generate(model, "x", max_bytes=2, use_cache=False, compile=True)
 
 
 def test_a_batch_of_prompts_stops_row_by_row():

@@ -98,7 +98,7 @@ class BoundaryStepInput:
 
     hidden: torch.Tensor  # (B, C) encoder output X_j
     byte: torch.Tensor  # (B,) the byte x_j (BOS at j = 0)
-    position: int  # j, the same for every row
+    position: torch.Tensor  # (B,) int64: j, the same for every row (a tensor: one compiled step serves every j)
     forced: torch.Tensor  # (B,) bool: must be a boundary (j = 0)
     generator: torch.Generator | None = None
     uniforms: torch.Tensor | None = None  # (B,) float in [0, 1): the draw a sampling strategy uses

@@ -113,10 +113,9 @@ class ByteEntropyModel(nn.Module):
         h = self.blocks(self.embed(x) * self.embed.embedding_dim ** 0.5, positions)
         return self.head(self.norm(h)).float()
 
-    def step(self, byte: torch.Tensor, position: int, cache: StackCache) -> torch.Tensor:
-        """One more byte per row, (B,) at `position` -> (B, V) logits of the byte after it."""
-        positions = torch.full((byte.shape[0], 1), position, dtype=torch.long, device=byte.device)
-        h = self.blocks.step(self.embed(byte[:, None]) * self.embed.embedding_dim ** 0.5, positions, cache)
+    def step(self, byte: torch.Tensor, position: torch.Tensor, cache: StackCache) -> torch.Tensor:
+        """One more byte per row, (B,) at `position` (B,) -> (B, V) logits of the byte after it."""
+        h = self.blocks.step(self.embed(byte[:, None]) * self.embed.embedding_dim ** 0.5, position[:, None], cache)
         return self.head(self.norm(h))[:, 0].float()
 
 

@@ -40,7 +40,5 @@ class Uniform(BoundaryStrategy):
         return uniform_boundaries(max_len, self.cfg.target_rate, device)
 
     def step(self, inp: BoundaryStepInput, pattern: torch.Tensor) -> BoundaryStep:
-        if inp.position >= len(pattern):
-            raise IndexError(f"position {inp.position} beyond the {len(pattern)} positions the cache was allocated for")
-        a = pattern[inp.position].expand(inp.forced.shape) | inp.forced
+        a = pattern[inp.position] | inp.forced  # the U-Net's cache has room for the position (`ByteUNet.advance`)
         return BoundaryStep(a=a, probs=a.float())

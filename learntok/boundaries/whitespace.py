@@ -54,7 +54,6 @@ class Whitespace(BoundaryStrategy):
         return torch.full((batch_size,), BOS, dtype=torch.long, device=device)
 
     def step(self, inp: BoundaryStepInput, previous: torch.Tensor) -> BoundaryStep:
-        a = (spacelike(inp.byte) & ~spacelike(previous)) if inp.position else torch.zeros_like(inp.forced)
-        a = a | inp.forced
+        a = (spacelike(inp.byte) & ~spacelike(previous) & (inp.position > 0)) | inp.forced
         previous.copy_(inp.byte)
         return BoundaryStep(a=a, probs=a.float())

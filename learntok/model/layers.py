@@ -64,6 +64,7 @@ def _attend(q, k, v, mask, cap: float | None) -> torch.Tensor:
 
 
 _WINDOW_MASKS: dict[tuple, torch.Tensor] = {}
+CACHE_BLOCK = 64  # a full-attention inference cache grows by this many slots or more (`Stack.reserve`)
 
 
 def sliding_window_mask(n_blocks: int, window: int, device: torch.device) -> torch.Tensor:
@@ -192,6 +193,7 @@ class StackCache:
 
     layers: list[KVCache]
     length: torch.Tensor  # (B,) int64: positions stored so far (tokens differ per row; bytes do not)
+    limit: int  # the most positions a full-attention cache grows to (`Stack.reserve`); a window's size
 
 
 class Attention(nn.Module):
@@ -341,23 +343,52 @@ class Stack(nn.Module):
         """Parameters of the weight matrices (norm gains excluded), for FLOPs accounting."""
         return sum(p.numel() for p in self.parameters() if p.dim() >= 2)
 
+    @property
+    def window(self) -> int | None:
+        """The sliding window of its attention; None: full causal attention."""
+        return self.blocks[0].attn.window if len(self.blocks) else None
+
     # --- incremental inference (H-Net's pattern: allocate a cache, `prefill` a prompt, `step` one more)
 
     def allocate_inference_cache(self, batch_size: int, max_positions: int, device=None,
                                  dtype: torch.dtype = torch.float32) -> StackCache:
-        """Room for `max_positions` positions per row; a sliding-window stack needs only its window."""
-        window = self.blocks[0].attn.window if len(self.blocks) else None
-        S = max_positions if window is None else min(window, max_positions)
+        """Room for `max_positions` positions per row. A sliding-window stack keeps its window (whole even
+        for fewer positions: one shape for every budget); a full-attention stack starts small and grows
+        as positions arrive (`reserve`), so that attention reads the filled slots, not the whole budget."""
+        cache = StackCache([], torch.zeros(batch_size, dtype=torch.long, device=device),
+                           max_positions if self.window is None else self.window)
+        slots = cache.limit if self.window is not None else min(cache.limit, CACHE_BLOCK)
+        cache.layers = [self._layer_cache(batch_size, slots, device, dtype) for _ in self.blocks]
+        return cache
+
+    def _layer_cache(self, batch_size: int, slots: int, device, dtype) -> KVCache:
         H = self.blocks[0].attn.n_heads if len(self.blocks) else 1
-        shape = (batch_size, H, S, self.head_dim)
-        layers = [KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
-                  for _ in self.blocks]
-        return StackCache(layers, torch.zeros(batch_size, dtype=torch.long, device=device))
+        k, v = (torch.zeros(batch_size, H, slots, self.head_dim, device=device, dtype=dtype) for _ in range(2))
+        if self.window is None:
+            # the slots grow: one compiled step serves every number of them (generation.CompiledStep)
+            torch._dynamo.maybe_mark_dynamic(k, 2)
+            torch._dynamo.maybe_mark_dynamic(v, 2)
+        return KVCache(k, v)
+
+    def reserve(self, cache: StackCache, positions: int) -> None:
+        """Slots for `positions` positions per row in a full-attention cache (at most its limit), grown
+        in blocks of CACHE_BLOCK, at least doubling; a sliding window's cache is already whole."""
+        if not cache.layers or self.window is not None:
+            return
+        S = cache.layers[0].k.shape[2]
+        if positions <= S or S >= cache.limit:
+            return
+        grown = min(cache.limit, -(-max(positions, 2 * S) // CACHE_BLOCK) * CACHE_BLOCK)
+        for layer in cache.layers:
+            new = self._layer_cache(layer.k.shape[0], grown, layer.k.device, layer.k.dtype)
+            new.k[:, :, :S], new.v[:, :, :S] = layer.k, layer.v
+            layer.k, layer.v = new.k, new.v
 
     def prefill(self, x: torch.Tensor, positions: torch.Tensor, cache: StackCache,
                 lengths: torch.Tensor | None = None) -> torch.Tensor:
         """`forward` over a prompt x (B, T, C) that also stores its keys and values. `lengths` (B,): real
         positions per row when rows are padded at the end (token level); default T."""
+        self.reserve(cache, x.shape[1])
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
         for block, layer_cache in zip(self.blocks, cache.layers):
             x = block.prefill(x, cos, sin, layer_cache)
@@ -368,7 +399,10 @@ class Stack(nn.Module):
     def step(self, x: torch.Tensor, positions: torch.Tensor, cache: StackCache,
              commit: torch.Tensor | None = None) -> torch.Tensor:
         """One new position per row: x (B, 1, C) at `positions` (B, 1). Rows where `commit` (B,) bool is
-        False compute an output but do not keep the position: the slot they wrote is overwritten next."""
+        False compute an output but do not keep the position: the slot they wrote is overwritten next.
+        Compiled, the caller reserves the slot beforehand (`reserve` reads the lengths on the host)."""
+        if not torch.compiler.is_compiling():
+            self.reserve(cache, int(cache.length.max()) + 1)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
         S = cache.layers[0].k.shape[2] if cache.layers else 1
         slot = cache.length % S  # the ring of a sliding window; in order for full attention
@@ -385,8 +419,9 @@ class Stack(nn.Module):
         left-aligned (rows gaining different numbers of tokens); the others compute an output that nothing
         may read and are not stored. A sliding-window stack keeps every row at the same length."""
         B, n, _ = x.shape
+        self.reserve(cache, int(cache.length.max()) + n)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
-        window = self.blocks[0].attn.window if len(self.blocks) else None
+        window = self.window
         S = cache.layers[0].k.shape[2] if cache.layers else 1
         real = torch.ones(B, n, dtype=torch.bool, device=x.device) if real is None else real
         length = cache.length[:, None]  # (B, 1)
