@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import random
+import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -263,7 +265,12 @@ class CompiledStep:
         self.model = weakref.ref(model)  # kept beside the model (`compiled_step`), not keeping it alive
         self.batch_size = batch_size
         self.weights = _weights_version(model)
-        self.fn = torch.compile(type(model).step_at, options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+        # dynamo keeps compiled graphs with the code object of the function it compiles, across
+        # `torch.compile` calls: without guards, another CompiledStep's graph (other weights, other B)
+        # would be taken for this one's. So each compiles its own copy of `_step`, as one graph (fullgraph:
+        # no inner frame with graphs of its own)
+        self.fn = torch.compile(_own_copy(_step), fullgraph=True,
+                                options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
         self.settings = torch._inductor.config.patch(_STEP_INDUCTOR)  # read while compiling, at the first call
 
     def __call__(self, byte: torch.Tensor, cache, uniforms: torch.Tensor):
@@ -279,6 +286,19 @@ class CompiledStep:
             out = self.fn(model, byte, position, cache, uniforms=uniforms)
         self.settings = None
         return out
+
+
+def _step(model, byte, position, cache, uniforms):
+    return model.step_at(byte, position, cache, uniforms=uniforms)
+
+
+_copies = itertools.count()
+
+
+def _own_copy(function):
+    """`function` with a code object of its own (what dynamo keys its compiled graphs on)."""
+    code = function.__code__.replace(co_name=f"{function.__name__}_{next(_copies)}")
+    return types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
 
 
 def compiled_step(model, batch_size: int) -> CompiledStep:

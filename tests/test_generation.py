@@ -271,6 +271,11 @@ def test_compiled_generation_matches_eager():
     with torch.no_grad():
         model.head.proj.weight.mul_(2)
     assert compiled_step(model, 2) is not step
+    # a graph of its own for new weights and another batch size, never the one compiled before
+    kw["max_bytes"] = 30
+    alone, alone_compiled = (generate(model, "The quick", compile=c, **kw) for c in (False, True))
+    assert (alone_compiled.data, alone_compiled.boundaries) == (alone.data, alone.boundaries)
+    assert max(float((a - b).abs().max()) for a, b in zip(alone_compiled.logits, alone.logits)) < 1e-4
     with pytest.raises(ValueError, match="use_cache=True"):
         generate(model, "x", max_bytes=2, use_cache=False, compile=True)
 
