@@ -207,7 +207,7 @@ class CachedRows:
     (B, V): the next-byte logits after the last byte fed (what `learntok.hf` also generates from)."""
 
     def __init__(self, model, rows: Sequence[torch.Tensor], new: int, uniforms: torch.Tensor, compile: bool = False):
-        self.model, self.uniforms = model, uniforms
+        self.uniforms = uniforms
         device = rows[0].device
         lengths = torch.tensor([len(r) for r in rows])
         self.groups = []  # (row indices, InferenceCache, step, [(b, t) boundary blocks], [(b, t) probability blocks])
@@ -247,7 +247,7 @@ class CachedRows:
 # Inductor settings of the compiled step: the weights become constants (the small matrix products are then
 # generated for their shapes), and the graph is called from C++ rather than Python
 _STEP_INDUCTOR = {"freezing": True, "cpp_wrapper": True, "max_autotune": True}
-_compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {batch size: CompiledStep}
+_compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(B, threads): CompiledStep}
 
 
 class CompiledStep:
@@ -259,7 +259,8 @@ class CompiledStep:
     `ByteUNet.advance`) or a dynamic size (the token level's slots). What cannot change is fixed when it
     is built: the model and its weights (compiled in as constants), B, boundary draws given as `uniforms`.
     So dynamo checks no guards at each step; `__call__` checks B, `compiled_step` the weights. Compiling
-    takes tens of seconds on a CPU, once per process, model and B: worth it for hundreds of bytes."""
+    takes tens of seconds on a CPU, once per process, model, B and thread count: worth it for hundreds
+    of bytes."""
 
     def __init__(self, model, batch_size: int):
         self.model = weakref.ref(model)  # kept beside the model (`compiled_step`), not keeping it alive
