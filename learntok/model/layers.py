@@ -401,7 +401,7 @@ class Stack(nn.Module):
         """One new position per row: x (B, 1, C) at `positions` (B, 1). Rows where `commit` (B,) bool is
         False compute an output but do not keep the position: the slot they wrote is overwritten next.
         Compiled, the caller reserves the slot beforehand (`reserve` reads the lengths on the host)."""
-        if not torch.compiler.is_compiling():
+        if self.window is None and not torch.compiler.is_compiling():  # a window's ring needs no slot: no sync
             self.reserve(cache, int(cache.length.max()) + 1)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
         S = cache.layers[0].k.shape[2] if cache.layers else 1
