@@ -158,7 +158,7 @@ class UNetScorer:
 
     def __init__(self, model: torch.nn.Module, *, mode: str = "sampled", samples: int = 1, seed: int = 0,
                  max_len: int = 512, overlap: int | None = None, batch_size: int = 32, tau: float | None = None,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, compile: bool = False):
         if mode not in BOUNDARY_MODES:
             raise ValueError(f"unknown boundary mode {mode!r}; choose one of {', '.join(BOUNDARY_MODES)}")
         if samples < 1:
@@ -168,6 +168,8 @@ class UNetScorer:
         self.model = model.eval()
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
+        if compile:  # rows differ in length and batches in size: one graph per layer for all of them
+            self.model.compile_layers(dynamic=True)
         strategy = model.boundaries
         self.strategy = getattr(strategy, "name", type(strategy).__name__)
         if not strategy.can_segment:

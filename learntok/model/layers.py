@@ -71,15 +71,22 @@ def sliding_window_mask(n_blocks: int, window: int, device: torch.device) -> tor
     """(n_blocks, W, 2W) bool mask for blocked sliding-window attention.
 
     Query block b (absolute positions bW .. bW+W-1) sees key block b-1 then key block b. Query q may
-    attend key k iff q - W < k <= q and k >= 0: exactly W keys including itself (fewer at the start)."""
+    attend key k iff q - W < k <= q and k >= 0: exactly W keys including itself (fewer at the start).
+    Cached per size in eager code; a compiled graph computes it (fused into the attention, and a cache
+    keyed by the length would make every length a recompilation)."""
+    if torch.compiler.is_compiling():
+        return _window_mask(n_blocks, window, device)
     key = (n_blocks, window, str(device))
     if key not in _WINDOW_MASKS:
-        W = window
-        blocks = torch.arange(n_blocks, device=device)[:, None, None]
-        q = blocks * W + torch.arange(W, device=device)[None, :, None]  # (nb, W, 1)
-        k = (blocks - 1) * W + torch.arange(2 * W, device=device)[None, None, :]  # (nb, 1, 2W)
-        _WINDOW_MASKS[key] = (k <= q) & (k > q - W) & (k >= 0)
+        _WINDOW_MASKS[key] = _window_mask(n_blocks, window, device)
     return _WINDOW_MASKS[key]
+
+
+def _window_mask(n_blocks: int, W: int, device: torch.device) -> torch.Tensor:
+    blocks = torch.arange(n_blocks, device=device)[:, None, None]
+    q = blocks * W + torch.arange(W, device=device)[None, :, None]  # (nb, W, 1)
+    k = (blocks - 1) * W + torch.arange(2 * W, device=device)[None, None, :]  # (nb, 1, 2W)
+    return (k <= q) & (k > q - W) & (k >= 0)
 
 
 def sliding_window_attention(q, k, v, window: int, cap: float | None) -> torch.Tensor:

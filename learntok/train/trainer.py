@@ -162,8 +162,7 @@ class Trainer:
             write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         self.dist.barrier()
         if t.compile:
-            for stack in (self.model.encoder, self.model.mid, self.model.decoder):
-                stack.compile()  # in place: parameter names, and so checkpoints, are unchanged
+            self.model.compile_layers()
 
     def _autocast(self):
         """bf16 autocast for `train.precision=bf16`: weights and optimizer stay fp32 (master weights);
