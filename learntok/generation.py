@@ -370,17 +370,27 @@ def score(model, text: str | bytes, *, seed: int = 0, samples: int = 1, context:
     `seed` and the text, the bits averaged over them. A text longer than `context` bytes (default: the
     training sequence length; the model never saw longer rows) is scored in windows of `context` bytes
     that overlap by half, every byte predicted once with at least context/2 bytes before it."""
+    (result,) = score_texts(model, [text], seed=seed, samples=samples, context=context)
+    return result
+
+
+def score_texts(model, texts: Sequence[str | bytes], *, seed: int = 0, samples: int = 1,
+                context: int | None = None, batch_size: int = 32) -> list[Score]:
+    """`score` of each text, their windows batched by length, `batch_size` rows per forward pass: the
+    same numbers as one text at a time (a row's boundaries and scores do not depend on its batch)."""
     from .eval.scorer import UNetScorer
 
-    data = _encode(text)
-    if not data:
-        return Score(0, 0.0, [0.0] * samples)
+    data = [_encode(text) for text in texts]
     was_training = model.training
     try:
-        scorer = UNetScorer(model, samples=samples, seed=seed, max_len=context or default_context(model))
-        (result,) = scorer.score([(b"", data)])
+        scorer = UNetScorer(model, samples=samples, seed=seed, max_len=context or default_context(model),
+                            batch_size=batch_size)
+        results = scorer.score([(b"", d) for d in data])
     finally:
         model.train(was_training)
-    n = len(data)
-    bits = [nll / LN2 for nll in result.sample_nll] or [result.nll_nats / LN2]
-    return Score(n, sum(bits) / len(bits), [b / n for b in bits])
+    out = []
+    for d, result in zip(data, results, strict=True):
+        n = len(d)
+        bits = [nll / LN2 for nll in result.sample_nll] or [result.nll_nats / LN2]
+        out.append(Score(n, sum(bits) / len(bits), [b / n for b in bits]) if n else Score(0, 0.0, [0.0] * samples))
+    return out

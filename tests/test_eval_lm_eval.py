@@ -130,6 +130,8 @@ def test_unknown_model_args_are_refused(setup):
 
     with pytest.raises(ValueError, match="unknown model_args"):
         LearntokLM(pretrained=str(setup[0]), temperature=0.5)
+    with pytest.raises(ValueError, match="compile='maybe'; use true or false"):
+        LearntokLM(pretrained=str(setup[0]), compile="maybe")
 
 
 @pytest.mark.slow

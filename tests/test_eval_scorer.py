@@ -138,6 +138,28 @@ def test_batching_and_padding_do_not_change_scores(boundaries, mode):
         assert close(a.nll_nats, in_other_order[shuffled.index(i)].nll_nats, 1e-6)
 
 
+def test_compiled_layers_score_as_eager_for_any_length():
+    """`UNetScorer(compile=True)`: rows of many lengths and batches of many sizes (the last one short)
+    through one graph per layer (a length-keyed cache inside the graph once recompiled per length), with
+    the eager scores and boundaries."""
+    from torch._dynamo.utils import counters
+
+    eager = scorer_for(tiny_model(), batch_size=5)
+    pairs = _pairs()
+    expected = eager.score(pairs)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = scorer_for(tiny_model(), batch_size=5, compile=True)
+    got = compiled.score(pairs)
+    assert compiled.boundary_rate == eager.boundary_rate  # the same boundaries
+    frames = counters["frames"]["total"]
+    got_again = compiled.score(pairs[3:] + [(b"", rand_bytes(random.Random(5), 33))])
+    assert counters["frames"]["total"] == frames  # new lengths and batch sizes: nothing recompiled
+    for a, b in zip(expected, got, strict=True):
+        assert close(a.nll_nats, b.nll_nats, 1e-4) and a.greedy_match == b.greedy_match
+    assert all(close(a.nll_nats, b.nll_nats, 1e-4) for a, b in zip(expected[3:], got_again))
+
+
 def test_scores_repeat_and_depend_on_the_seed(model):
     pairs = _pairs(3)[:6]
     a = [s.nll_nats for s in scorer_for(model, seed=0).score(pairs)]

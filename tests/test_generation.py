@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from learntok.boundaries import STRATEGIES
 from learntok.boundaries.base import BoundaryStrategy
 from learntok.data.batch import BOS, EOS, PAD
-from learntok.generation import Generation, compiled_step, generate, sample_next, score
+from learntok.generation import Generation, compiled_step, generate, sample_next, score, score_texts
 from learntok.model import layers
 from learntok.unet import ByteUNet
 
@@ -348,3 +348,9 @@ def test_score_is_bits_per_byte():
     assert two.bpb == pytest.approx(sum(two.bpb_samples) / 2, rel=1e-6)
     assert two.bpb_samples[0] != two.bpb_samples[1]  # two different boundary draws
     assert score(model, "").n_bytes == 0
+    # many texts at once, their windows batched by length: the numbers of one text at a time
+    texts = [text, "", "short", text * 3]
+    together = score_texts(learned, texts, samples=2, seed=2, context=40, batch_size=3)
+    for t, s in zip(texts, together, strict=True):
+        alone = score(learned, t, samples=2, seed=2, context=40)
+        assert s.n_bytes == alone.n_bytes and s.bpb_samples == pytest.approx(alone.bpb_samples, rel=1e-5)

@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "as learntok eval does (default: the training sequence length)")
     p.add_argument("--show", type=int, default=20, help="print at most this many per-document rows (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON line per document, then the total")
+    p.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's layers first (about a minute on a CPU, then each forward pass "
+                        "about 1.5x faster: for many documents)")
     p.add_argument("--device", default="cpu")
 
 
@@ -65,29 +69,46 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
                 yield f"{path}:{line_no}", value.encode("utf-8")
 
 
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..generation import score
+    from ..generation import score_texts
     from ..hub import default_context
 
     if not args.texts and not args.file:
         raise SystemExit("error: give TEXT arguments or --file F")
     model = load(args.model, args.device)
+    if args.compile:
+        model.compile_layers(dynamic=True)  # as `learntok eval --compile`
     total_bits = total_bytes = 0.0
     per_doc = []
     shown = 0
     if not args.json:
         print(f"{'document':<44} {'bytes':>10} {'bpb':>7}")
-    for name, data in documents(args.texts, args.file, args.field, args.limit):
-        s = score(model, data, seed=args.seed, samples=args.samples, context=args.context)
-        total_bits += s.bits
-        total_bytes += s.n_bytes
-        per_doc.append(s.bpb)
-        if args.json:
-            print(json.dumps({"document": name, "bytes": s.n_bytes, "bits": s.bits, "bpb": s.bpb,
-                              "bpb_samples": s.bpb_samples}))
-        elif shown < args.show:
-            print(f"{name[-44:]:<44} {s.n_bytes:>10,} {s.bpb:>7.3f}")
-            shown += 1
+    # documents in groups of 256, each group's windows batched by length; rows print as their group ends
+    for group in _chunks(documents(args.texts, args.file, args.field, args.limit), 256):
+        names, texts = zip(*group)
+        scores = score_texts(model, texts, seed=args.seed, samples=args.samples, context=args.context,
+                             batch_size=args.batch_size)
+        for name, s in zip(names, scores, strict=True):
+            total_bits += s.bits
+            total_bytes += s.n_bytes
+            per_doc.append(s.bpb)
+            if args.json:
+                print(json.dumps({"document": name, "bytes": s.n_bytes, "bits": s.bits, "bpb": s.bpb,
+                                  "bpb_samples": s.bpb_samples}))
+            elif shown < args.show:
+                print(f"{name[-44:]:<44} {s.n_bytes:>10,} {s.bpb:>7.3f}")
+                shown += 1
     n = len(per_doc)
     overall = total_bits / max(total_bytes, 1)
     mean_doc = sum(per_doc) / max(n, 1)

@@ -27,7 +27,8 @@ model first. ``--model_args`` (comma-separated ``key=value``):
 * ``boundaries``: ``sampled`` (default), ``threshold`` or ``quantile``; ``samples`` (K, default 1);
   ``seed`` (default 0); ``calibration``: text source for ``quantile`` (default: the run's own
   held-out data); see :mod:`learntok.eval.scorer`;
-* ``max_len`` (default: the run's ``train.seq_len``), ``overlap`` (default ``max_len // 2``).
+* ``max_len`` (default: the run's ``train.seq_len``), ``overlap`` (default ``max_len // 2``);
+* ``compile``: ``true`` compiles the model's layers first, as ``learntok eval --compile``.
 
 lm-eval's ``--batch_size`` (rows per forward; ``auto`` means 32) and ``--device`` are honoured.
 
@@ -71,6 +72,15 @@ def _int_or_default(value, default: int) -> int:
     return int(value)
 
 
+def _flag(name: str, value) -> bool:
+    """A boolean model argument: lm-eval passes True/False, or the string when it did not parse it."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() not in ("true", "false"):
+        raise ValueError(f"learntok: {name}={value!r}; use true or false")
+    return str(value).lower() == "true"
+
+
 @_register
 class LearntokLM(LM):
     """An lm-eval ``LM`` over a learntok run (see the module docstring for the arguments)."""
@@ -78,7 +88,7 @@ class LearntokLM(LM):
     def __init__(self, pretrained: str, boundaries: str = "sampled", samples: int = 1, seed: int = 0,
                  max_len: int | None = None, overlap: int | None = None, calibration: str | None = None,
                  batch_size: int | str | None = None, max_batch_size: int | None = None,
-                 device: str | None = None, **unused):
+                 device: str | None = None, compile: bool | str = False, **unused):
         super().__init__()
         if unused:
             raise ValueError(f"learntok: unknown model_args {sorted(unused)}; see learntok.eval.lm_eval_adapter")
@@ -90,7 +100,8 @@ class LearntokLM(LM):
         self.scorer = UNetScorer.from_run(pretrained, device=device or "cpu", mode=boundaries,
                                           samples=int(samples), seed=int(seed), batch_size=self.batch_size,
                                           max_len=int(max_len) if max_len else None,
-                                          overlap=int(overlap) if overlap is not None else None)
+                                          overlap=int(overlap) if overlap is not None else None,
+                                          compile=_flag("compile", compile))
         self._device = self.scorer.device
         if self.scorer.needs_calibration:
             from .heldout import read_heldout, run_heldout_source
