@@ -59,9 +59,8 @@ class Run:
         self.sliding_window = sliding_window  # replaces layers.sliding_window_attention during this run's steps
         self.device, self.bf16 = device, bf16
         self.model = ByteUNet(cfg.model, cfg.boundaries).to(device)
-        if compile_model:  # as the trainer does (train.compile): the three transformer stacks
-            for stack in (self.model.encoder, self.model.mid, self.model.decoder):
-                stack.compile(backend=compile_backend)  # aot_eager: the same graphs, seconds to trace (dry runs)
+        if compile_model:  # as the trainer does (train.compile)
+            self.model.compile_layers(backend=compile_backend)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
         self.batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len).to(device)
         self.gen = torch.Generator(device=device).manual_seed(0)

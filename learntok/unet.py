@@ -109,15 +109,16 @@ class ByteUNet(nn.Module):
         # the early-exit head starts as a copy of the final head (paper §2.4)
         self.early_head.load_state_dict(copy.deepcopy(self.head.state_dict()))
 
-    def compile_layers(self, *, dynamic: bool | None = None) -> None:
+    def compile_layers(self, *, dynamic: bool | None = None, backend: str = "inductor") -> None:
         """torch.compile the three transformer stacks and both heads, in place (parameter names, and so
         checkpoints, are unchanged); the index maths and the strategy between them stay eager. The
         token level is traced for any token count (`forward` marks it dynamic); `dynamic=True` makes
         the batch size and the byte length symbolic as well, for callers whose rows vary in length
         (scoring); the default specialises them (training, whose batch shape is fixed). Compiling costs
-        tens of seconds on a CPU at the first call."""
+        tens of seconds on a CPU at the first call (`backend="aot_eager"`: the same graphs, traced in
+        seconds, not optimised: for dry runs)."""
         for layer in (self.encoder, self.mid, self.decoder, self.head, self.early_head):
-            layer.compile(dynamic=dynamic)
+            layer.compile(dynamic=dynamic, backend=backend)
 
     def encode(self, inputs: torch.Tensor) -> torch.Tensor:
         """X (B, T, C): the byte encoder over inputs (B, T), what the boundary strategy reads."""

@@ -16,12 +16,16 @@ def test_demo_corpus_is_prose_and_split_is_stable():
     assert 200 <= len(text.encode()) <= 900
 
 
+TINY = ["model.d_model=32", "model.n_heads=2", "train.seq_len=128", "train.batch_size=4", "train.training_bytes=4e3",
+        "train.eval_batches=1"]
+
+
 def test_demo_runs_end_to_end(tmp_path, capsys):
     run_dir = tmp_path / "demo"
-    code = main(["demo", "--run-dir", str(run_dir), "--no-progress", "model.d_model=32", "model.n_heads=2",
-                 "train.seq_len=128", "train.batch_size=4", "train.training_bytes=4e3", "train.eval_batches=1"])
+    code = main(["demo", "--run-dir", str(run_dir), "--no-progress", *TINY])
     assert code == 0
     out = capsys.readouterr().out
+    assert "stopped at the" not in out
     for needle in ("held-out bits-per-byte", "realised boundary rate", "precision", "recall", "learned tokens"):
         assert needle in out
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -29,3 +33,8 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
                 "bytes_per_s", "flops", "val_bpb"):
         assert key in rows[-1], key
     assert list(run_dir.glob("step_*/model.safetensors"))
+
+
+def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys):
+    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", "--max-minutes", "0", *TINY]) == 0
+    assert "training stopped at the 0-minute limit after 1 of 8 steps" in capsys.readouterr().out

@@ -154,7 +154,9 @@ def test_compiled_layers_score_as_eager_for_any_length():
     assert compiled.boundary_rate == eager.boundary_rate  # the same boundaries
     frames = counters["frames"]["total"]
     got_again = compiled.score(pairs[3:] + [(b"", rand_bytes(random.Random(5), 33))])
+    (lone,) = compiled.score(pairs[:1])  # a batch of one row
     assert counters["frames"]["total"] == frames  # new lengths and batch sizes: nothing recompiled
+    assert close(lone.nll_nats, expected[0].nll_nats, 1e-4)
     for a, b in zip(expected, got, strict=True):
         assert close(a.nll_nats, b.nll_nats, 1e-4) and a.greedy_match == b.greedy_match
     assert all(close(a.nll_nats, b.nll_nats, 1e-4) for a, b in zip(expected[3:], got_again))

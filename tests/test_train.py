@@ -400,5 +400,5 @@ def check_compiled_stacks_do_not_recompile(tmp_path, *, rtol: float, atol: float
 def test_compiled_stacks_do_not_recompile_as_token_counts_vary(tmp_path, monkeypatch):
     """aot_eager traces exactly what inductor would be given, at a fraction of the compile time."""
     original = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: original(self, backend="aot_eager", **kw))
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: original(self, **{**kw, "backend": "aot_eager"}))
     check_compiled_stacks_do_not_recompile(tmp_path, rtol=1e-4, atol=1e-5)

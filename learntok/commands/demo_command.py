@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
           f"{t.batch_size} x {t.seq_len} bytes, run directory {args.run_dir}\n")
     trainer.train(max_seconds=args.max_minutes * 60)
     train_seconds = time.perf_counter() - t0
+    if trainer.step < trainer.total_steps:  # a busy machine: the model saw less than the schedule's bytes
+        print(f"training stopped at the {args.max_minutes:g}-minute limit after {trainer.step} of "
+              f"{trainer.total_steps} steps: the figures below are those of a shorter run")
 
     model = trainer.model
     val = trainer.data.val
