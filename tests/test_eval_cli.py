@@ -121,6 +121,28 @@ def test_tasks_and_table(capsys, run_dir, eval_dir, text_file, tmp_path):
     direct = evaluate_task("piqa", scorer, eval_dir, progress=False)
     assert math.isclose(results["piqa"]["bpb"], direct.bpb, rel_tol=1e-6)
     assert results["piqa"]["acc"] == direct.acc
+    assert "--compile scores the benchmarks" in err
+
+
+def test_compiled_scoring_gives_the_eager_numbers(capsys, run_dir, eval_dir, monkeypatch):
+    """`--compile` reaches the scorer (with aot_eager in place of Inductor: the same graphs, traced in
+    seconds; tests/test_eval_scorer.py compares Inductor's numbers)."""
+    original = torch.nn.Module.compile
+    compiled = []
+
+    def aot_eager(module, **kw):
+        compiled.append(type(module).__name__)
+        return original(module, **{**kw, "backend": "aot_eager"})
+
+    monkeypatch.setattr(torch.nn.Module, "compile", aot_eager)
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "piqa", "--eval-dir", eval_dir,
+                             "--compile", "--json", "--no-progress")
+    assert code == 0, err
+    assert sorted(compiled) == ["Head", "Head", "Stack", "Stack", "Stack"]
+    assert "--compile scores the benchmarks" not in err
+    got = json.loads(out)["rows"][0]["results"]["piqa"]
+    direct = evaluate_task("piqa", UNetScorer.from_run(run_dir), eval_dir, progress=False)
+    assert math.isclose(got["bpb"], direct.bpb, rel_tol=1e-5) and got["acc"] == direct.acc
 
 
 def test_paper_suite_two_checkpoints(capsys, run_dir, full_eval_dir, text_file, tmp_path):

@@ -156,9 +156,9 @@ class UNetScorer:
     >>> [s.bpb for s in scorer.score([(b"Question: ...\\nAnswer:", b" yes")])]
 
     ``compile=True`` compiles the model's layers in place (`ByteUNet.compile_layers`, every shape
-    dynamic, so rows of any length and batches of any size run through a few graphs, not one per shape): about a minute
-    once on a CPU, then each forward pass about 1.5x faster (`benchmarks/scoring.py --compile`); the
-    same boundaries, NLLs equal to float tolerance.
+    dynamic, so rows of any length and batches of any size run through a few graphs, not one per
+    shape): about a minute once on a CPU, then each forward pass about 1.5x faster
+    (`benchmarks/scoring.py --compile`); the same boundaries, NLLs equal to float tolerance.
     """
 
     def __init__(self, model: torch.nn.Module, *, mode: str = "sampled", samples: int = 1, seed: int = 0,
