@@ -139,9 +139,9 @@ def test_batching_and_padding_do_not_change_scores(boundaries, mode):
 
 
 def test_compiled_layers_score_as_eager_for_any_length():
-    """`UNetScorer(compile=True)`: rows of many lengths and batches of many sizes (the last one short)
-    through one graph per layer (a length-keyed cache inside the graph once recompiled per length), with
-    the eager scores and boundaries."""
+    """`UNetScorer(compile=True)`: rows of many lengths and batches of many sizes (a short last one, a
+    lone row) through the graphs of the first call, nothing recompiled (a length-keyed cache inside the
+    graph once recompiled per length), with the eager scores and boundaries."""
     from torch._dynamo.utils import counters
 
     eager = scorer_for(tiny_model(), batch_size=5)
