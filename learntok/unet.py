@@ -83,6 +83,7 @@ class ByteUNet(nn.Module):
     # what `from_pretrained` knows beyond the weights (a `hub.ModelInfo`: full run config, training
     # facts for the model card); None for a model built directly
     info = None
+    layers_compiled = False  # `compile_layers` was called (callers adapt shapes a compiled graph would specialise)
 
     def __init__(self, cfg: ModelConfig, boundary_cfg: BoundaryConfig):
         super().__init__()
@@ -119,6 +120,7 @@ class ByteUNet(nn.Module):
         seconds, not optimised: for dry runs)."""
         for layer in (self.encoder, self.mid, self.decoder, self.head, self.early_head):
             layer.compile(dynamic=dynamic, backend=backend)
+        self.layers_compiled = True
 
     def encode(self, inputs: torch.Tensor) -> torch.Tensor:
         """X (B, T, C): the byte encoder over inputs (B, T), what the boundary strategy reads."""

@@ -173,8 +173,7 @@ class UNetScorer:
         self.model = model.eval()
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model.to(self.device)
-        self.compiled = compile
-        if compile:  # rows differ in length and batches in size: graphs for any shape
+        if compile and not self.model.layers_compiled:  # rows differ in length, batches in size: any shape
             self.model.compile_layers(dynamic=True)
         strategy = model.boundaries
         self.strategy = getattr(strategy, "name", type(strategy).__name__)
@@ -308,7 +307,7 @@ class UNetScorer:
             targets[r, :n] = data
             scored[r, n - row.n_scored:n] = True
         uniforms = self._uniforms(rows, T)
-        if self.compiled and B == 1:
+        if self.model.layers_compiled and B == 1:
             # dynamo specialises a batch of one (sizes 0 and 1 are never symbolic), so a lone row would
             # compile every layer again: it runs beside a row of padding (BOS, then PAD, nothing scored)
             inputs = torch.cat([inputs, torch.full_like(inputs, PAD)])
