@@ -49,6 +49,8 @@ def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean",
       leave_one_out  the mean over the batch's other rows at position i (unbiased)
       group          the mean over the `group` draws of the same sequence at position i (GRPO's baseline)
       group_loo      the mean over the same sequence's other draws at position i (RLOO; unbiased)
+      draw           none here: the rewards are already differences from a second draw's (the learned
+                     policy's `draw` centering)
       none           no baseline
     Group modes read the rows as consecutive groups (row b * group + k is draw k of sequence b; the draws
     of a sequence share its mask). The group mean includes the row itself, which scales the policy term
@@ -58,7 +60,7 @@ def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean",
     `totals`: (sum over rows of values * mask, count of such rows), each (T,), taken over a larger batch
     that `values` is part of (gradient accumulation: the whole global batch, DESIGN.md §3); default:
     over `values` itself. Group modes need no totals: a group never spans micro-batches or ranks."""
-    if mode == "none":
+    if mode in ("none", "draw"):
         return values * mask
     m = mask.to(values.dtype)
     if mode in ("group", "group_loo"):

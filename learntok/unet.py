@@ -340,6 +340,13 @@ class ByteUNet(nn.Module):
         per_byte = p["byte"] + (draws - 1) * p["byte_per_draw"]
         return 6 * (per_byte * n_bytes + p["token"] * n_tokens)
 
+    def baseline_draw_flops(self, n_bytes: int, n_tokens: int) -> int:
+        """FLOPs of a forward-only boundary draw over `n_bytes` bytes whose encoder output exists, making
+        `n_tokens` tokens: 2 per matrix parameter of the strategy, decoder and head per byte, and of the
+        token level per token."""
+        p = self.matrix_params()
+        return 2 * ((p["byte_per_draw"] + self.boundaries.n_matrix_params()) * n_bytes + p["token"] * n_tokens)
+
 
 def target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) per position, (B, T); 0 where the target is PAD."""

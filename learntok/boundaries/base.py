@@ -122,6 +122,10 @@ class LossInputs:
     valid: torch.Tensor  # (B, T) bool: positions with a target
     forced: torch.Tensor  # (B, T) bool: positions whose boundary was not the strategy's choice
     group: int = 1  # rows per sequence: rows b * group .. b * group + group - 1 are draws for one sequence
+    # a second, forward-only boundary draw of rows that `baseline_draw_rows` chose: log p(target) under
+    # it (B, T), detached, and each row's weight (B,), 0 for rows without one
+    logp_baseline: torch.Tensor | None = None
+    baseline_weight: torch.Tensor | None = None
 
 
 class BoundaryStrategy(nn.Module):
@@ -202,6 +206,12 @@ class BoundaryStrategy(nn.Module):
         freed before they are backpropagated. Default: none, and `losses` must then be a mean over rows
         (the trainer weights each micro-batch's losses by its share of the rows)."""
         return {}
+
+    def baseline_draw_rows(self, rows: int) -> torch.Tensor | None:
+        """Which of a batch's `rows` sequences get a second boundary draw, run forward only, whose
+        log-likelihoods reach `losses` as `LossInputs.logp_baseline` (the learned policy's `draw`
+        centering), as (rows,) bool; None (the default): no such draw."""
+        return None
 
     def update(self, bnd: Boundaries, inp: LossInputs) -> None:
         """Update running state from a training forward pass (the entropy strategy's calibrated threshold),

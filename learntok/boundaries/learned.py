@@ -13,6 +13,14 @@ logit(target); the softcap value is ours (the paper does not state it); forced b
 document starts) are set inside the scan, so later positions condition on the executed history; the
 advantage baseline is the mean over the whole batch given to `losses()`.
 
+Beyond the paper, `batch_centering=draw`: a share `draw_share` of the batch's sequences get a second,
+independent boundary draw, run forward only (no backward), and their advantage is the difference of the
+two draws' discounted returns, G_i(a) - G_i(a'), where G is summed over r_t - r'_t = log p(x_{t+1} | a) -
+log p(x_{t+1} | a') (the early-exit terms cancel). a' does not depend on a, so this is unbiased, like
+leave-one-out; it removes what the batch mean cannot, how hard this sequence's text is. Only those
+sequences train the policy, their rewards scaled by 1 / draw_share so that the policy loss keeps its size;
+every sequence trains the language model.
+
 Sampling: the W_j X_i for all i, j come from one matmul; the sequential part runs in the compiled scan
 of `learntok.kernels.scan`; log pi(a_i) is then recomputed with gradient from the sampled a, vectorised.
 """
@@ -35,7 +43,7 @@ from ..objectives import (binary_entropy_from_logits, masked_mean, policy_advant
 from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
                    StrategyOptions)
 
-CENTERINGS = ("mean", "leave_one_out", "group", "group_loo", "none")
+CENTERINGS = ("mean", "leave_one_out", "group", "group_loo", "draw", "none")
 
 
 @dataclass
@@ -48,7 +56,8 @@ class LearnedOptions(StrategyOptions):
     softcap: float | None = 10.0  # policy-logit softcap, training only (paper: value not stated)
     gamma: float = 0.99  # discount of the returns
     early_exit_reward: bool = True  # subtract the early-exit log-likelihood from the reward
-    batch_centering: str = "mean"  # advantage baseline per position: mean | leave_one_out over the batch's rows (the paper), group | group_loo over a sequence's draws, none
+    batch_centering: str = "mean"  # advantage baseline per position: mean | leave_one_out over the batch's rows (the paper), group | group_loo over a sequence's draws, draw: a second forward-only draw, none
+    draw_share: float = 0.25  # with batch_centering=draw: the share of a batch's sequences given a second draw
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
 
@@ -61,6 +70,10 @@ class LearnedOptions(StrategyOptions):
             yield "batch_centering", f"use {', '.join(CENTERINGS[:-1])} or {CENTERINGS[-1]}"
         elif self.batch_centering.startswith("group") and cfg.group_size < 2:
             yield "batch_centering", "centres on the other draws of a sequence: set boundaries.group_size >= 2"
+        elif self.batch_centering == "draw" and cfg.group_size != 1:
+            yield "batch_centering", "draw makes its own second draw: use it with boundaries.group_size=1"
+        if not 0.0 < self.draw_share <= 1.0:
+            yield "draw_share", "must lie in (0, 1]"
 
 
 @dataclass
@@ -162,7 +175,22 @@ class LearnedPolicy(BoundaryStrategy):
     def _decide(self, inp: LossInputs) -> torch.Tensor:
         return inp.valid & ~inp.forced
 
+    def baseline_draw_rows(self, rows: int) -> torch.Tensor | None:
+        """Every (1 / draw_share)-th row: row i where floor((i + 1) s) > floor(i s), so that a batch split
+        into micro-batches gives the same rows their second draw."""
+        if self.options.batch_centering != "draw":
+            return None
+        i = torch.arange(rows + 1, dtype=torch.float64)
+        steps = torch.floor(i * self.options.draw_share + 1e-9)
+        return steps[1:] > steps[:-1]
+
     def _rewards(self, inp: LossInputs) -> torch.Tensor:
+        if self.options.batch_centering == "draw":
+            if inp.logp_baseline is None:
+                raise ValueError("batch_centering=draw needs the log-likelihoods of a second boundary draw "
+                                 "(LossInputs.logp_baseline, made by learntok.train.accumulate_gradients)")
+            weight = inp.baseline_weight / self.options.draw_share
+            return ((inp.logp - inp.logp_baseline) * weight[:, None]).detach()
         return (inp.logp - inp.logp_early if self.options.early_exit_reward else inp.logp).detach()
 
     def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:

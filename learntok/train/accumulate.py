@@ -30,6 +30,9 @@ draws exactly what its rows draw in one pass. Only the order of floating-point a
 With several boundary draws per sequence (`boundaries.group_size` K) the batch is split by sequences,
 so the K draws of a sequence (rows b * K .. b * K + K - 1 of the uniforms) stay in one micro-batch.
 Metrics are computed on the whole batch as well (the strategy's on the concatenated micro-batches).
+A second, forward-only boundary draw of the rows the strategy names (`baseline_draw_rows`; the learned
+policy's `draw` centering) runs in phase 1 on h_m without a graph, from `baseline_uniforms` drawn for
+the whole batch like `uniforms`; its FLOPs are returned as the metric "baseline_flops".
 
 Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
 global counts (rows, valid bytes, real bytes), as the denominators, and `reduce`, which sums the
@@ -65,11 +68,14 @@ class _Kept:
 
 def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, uniforms: torch.Tensor | None = None,
                          generator: torch.Generator | None = None, recompute_encoder: bool = True,
-                         totals: dict | None = None, reduce=None) -> dict:
+                         totals: dict | None = None, reduce=None,
+                         baseline_uniforms: torch.Tensor | None = None) -> dict:
     """Backpropagate the loss of `batch` in `micro_batches` pieces: afterwards `.grad` holds the gradient
     of L over the whole batch (added to what was there). Returns the metrics of the whole batch
     (detached 0-d tensors, no host sync: "loss", "bpb", "early_bpb", "boundary_rate", "tokens",
-    "token_slots", "bytes", each "loss_<name>" of the strategy, the strategy's own). `uniforms` (B, T): the draws of a sampling strategy for the whole batch.
+    "token_slots", "bytes", "baseline_flops", each "loss_<name>" of the strategy, the strategy's own).
+    `uniforms` (B, T): the draws of a sampling strategy for the whole batch; `baseline_uniforms` (B, T):
+    those of its second draw, where it makes one (rows it does not choose are not read).
     `totals` ({"rows", "valid", "real"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
     rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
@@ -83,7 +89,9 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     denom = (totals["valid"] if totals else n_valid).clamp(min=1).float()
     kept: list[_Kept] = []
     stats: dict[str, torch.Tensor] = {}
-    sums = {"loss": 0.0, "nll": 0.0, "nll_early": 0.0, "boundaries": 0.0, "tokens": 0, "token_slots": 0}
+    sums = {"loss": 0.0, "nll": 0.0, "nll_early": 0.0, "boundaries": 0.0, "tokens": 0, "token_slots": 0,
+            "baseline_flops": 0}
+    baseline_rows = strategy.baseline_draw_rows(batch.inputs.shape[0])
     aux_values: dict[str, torch.Tensor] = {}
 
     # phase 1: forward, backward of the local terms, batch statistics
@@ -95,6 +103,10 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         out = model(mb.inputs, doc_start=mb.doc_start, supplied=mb.boundaries, generator=generator,
                     uniforms=None if uniforms is None else uniforms[draws], hidden=h)
         logp, logp_early, loss_inputs = log_likelihoods(out, mb)
+        if baseline_rows is not None:
+            loss_inputs, sums["baseline_flops"] = baseline_draw(
+                model, mb, h, baseline_rows[rows], loss_inputs, generator=generator,
+                uniforms=None if baseline_uniforms is None else baseline_uniforms[rows], flops=sums["baseline_flops"])
         nll = -(logp * loss_inputs.valid).sum() / K  # the mean over draws of each draw's sum
         nll_early = -(logp_early * mb.valid).sum()
         local = (nll + lambda_early * nll_early) / denom
@@ -157,6 +169,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         "tokens": torch.as_tensor(sums["tokens"]),
         "token_slots": torch.as_tensor(sums["token_slots"]),
         "bytes": n_valid,
+        "baseline_flops": torch.as_tensor(sums["baseline_flops"], dtype=torch.float64),
     }
     metrics.update({f"loss_{k}": torch.as_tensor(v) for k, v in aux_values.items()})
     share = batch.inputs.shape[0] / n_rows  # this rank's part of the rows
@@ -204,9 +217,32 @@ def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundarie
         joined[f.name] = _cat(parts)
         if joined[f.name] is None:
             return None
-    li = LossInputs(*(torch.cat([getattr(i, f) for i in inputs], dim=0)
-                      for f in ("logp", "logp_early", "valid", "forced")), group=inputs[0].group)
+    def rows(f):
+        parts = [getattr(i, f) for i in inputs]
+        return None if any(p is None for p in parts) else torch.cat(parts, dim=0)
+    li = LossInputs(*(rows(f) for f in ("logp", "logp_early", "valid", "forced")), group=inputs[0].group,
+                    logp_baseline=rows("logp_baseline"), baseline_weight=rows("baseline_weight"))
     return type(bnds[0])(**joined), li
+
+
+def baseline_draw(model: ByteUNet, mb: Batch, hidden: torch.Tensor, chosen: torch.Tensor, loss_inputs: LossInputs, *,
+                  generator: torch.Generator | None, uniforms: torch.Tensor | None, flops: int
+                  ) -> tuple[LossInputs, int]:
+    """A second boundary draw of the `chosen` (b,) rows of micro-batch `mb`, forward only, on its encoder
+    output `hidden`: `loss_inputs` with its log p(target) as `logp_baseline` (the other rows: their own
+    log p, so that their difference is 0) and `baseline_weight` 1 on the chosen rows, and `flops` plus the
+    draw's FLOPs (the strategy, token level, decoder and head: the encoder already ran)."""
+    idx = chosen.nonzero().squeeze(1)
+    pick = (lambda t: None if t is None else t[idx])
+    logp_baseline = loss_inputs.logp.clone()
+    if len(idx):
+        with torch.no_grad():
+            out = model(mb.inputs[idx], doc_start=pick(mb.doc_start), supplied=pick(mb.boundaries),
+                        generator=generator, uniforms=pick(uniforms), hidden=hidden[idx].detach())
+            logp_baseline[idx] = target_log_probs(out.logits, mb.targets[idx])
+        flops += model.baseline_draw_flops(mb.inputs[idx].numel(), out.tok_real.numel())
+    return dataclasses.replace(loss_inputs, logp_baseline=logp_baseline,
+                               baseline_weight=chosen.to(logp_baseline.dtype)), flops
 
 
 def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:

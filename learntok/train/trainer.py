@@ -342,13 +342,17 @@ class Trainer:
             group["lr"] = lr
         batch = batch.to(self.device)
         uniforms = self._uniforms(batch)
+        # a second draw's uniforms, where the strategy makes one (drawn after the first: exact resume)
+        second = self.model.boundaries.baseline_draw_rows(1) is not None
+        baseline_uniforms = self._uniforms(batch) if second else None
         self.optimizer.zero_grad(set_to_none=True)
         max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
         with self._autocast():  # one micro-batch is the plain case: the same two phases, one piece
             totals = self._global_totals(batch) if self.dist.enabled else None
             metrics = accumulate_gradients(self.model, batch, t.micro_batches, uniforms=uniforms,
                                            generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
-                                           totals=totals, reduce=self.dist.sum_dict if totals else None)
+                                           totals=totals, reduce=self.dist.sum_dict if totals else None,
+                                           baseline_uniforms=baseline_uniforms)
         # the token count is known on the host (the model sized its token level with it)
         tokens = int(metrics["tokens"])
         if not self.dist.enabled:
@@ -356,13 +360,15 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
             self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws)
+            self.flops += int(metrics["baseline_flops"])
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
             square = local_grad_sq(self.model).double().to(self.device) if fsdp else torch.zeros((), dtype=torch.float64, device=self.device)
-            check = torch.stack([metrics["loss"].double(), square])
-            self.dist.all_reduce(check)  # the global loss and squared norm of the gradient's shards
+            check = torch.stack([metrics["loss"].double(), square, metrics["baseline_flops"].to(self.device)])
+            self.dist.all_reduce(check)  # the global loss, squared norm of the gradient's shards, second draws' FLOPs
             loss = check[0]
+            self.flops += int(check[2])
             if fsdp:
                 grad_norm = check[1].sqrt()
                 clip_with_norm_(self.model, max_norm, grad_norm)

@@ -1,0 +1,130 @@
+"""The learned policy's `draw` centering: a second, forward-only boundary draw a' of some sequences, whose
+returns are subtracted from the sampled draw's, A_i = G_i(a) - G_i(a').
+
+Checked against exact enumeration as in test_estimator.py: every joint configuration of (a, a') of one
+sequence, weighted by pi(a) pi(a'), gives the estimator's exact mean."""
+
+import itertools
+
+import pytest
+import torch
+
+from learntok.boundaries import LossInputs
+from learntok.boundaries import check
+from learntok.config import ConfigError, load_config
+from learntok.data.batch import Batch
+from learntok.train.accumulate import accumulate_gradients
+from learntok.unet import ByteUNet
+
+from conftest import random_inputs, taking, tiny_config
+from test_estimator import all_configs, batch_of, close, estimator_expectation, exact_gradient, grads, make_model
+
+N = 4  # bytes per sequence: 3 free decisions, 8 configurations, 64 joint ones
+
+
+def draw_expectation(model, n_bytes=N, same=False) -> torch.Tensor:
+    """The exact mean of the gradient over (a, a') ~ pi x pi; `same`: a' = a instead."""
+    single = all_configs(n_bytes)
+    _, pi = exact_gradient(model, n_bytes=n_bytes)
+    pairs = [(c, c) for c in range(len(single))] if same else itertools.product(range(len(single)), repeat=2)
+    total = 0
+    for c, c2 in pairs:
+        model.zero_grad()
+        accumulate_gradients(model, batch_of(1, n_bytes=n_bytes), 1, uniforms=taking(single[[c]]),
+                             baseline_uniforms=taking(single[[c2]]))
+        weight = pi[c] if same else pi[c] * pi[c2]
+        total = total + float(weight) * grads(model)
+    return total
+
+
+def test_draw_baseline_is_unbiased():
+    model = make_model(n_bytes=N, batch_centering="draw", draw_share=1.0, early_exit_reward=True)
+    want, _ = exact_gradient(model, n_bytes=N)
+    assert close(draw_expectation(model), want)
+
+
+def test_the_second_draw_is_what_is_subtracted():
+    """a' = a cancels the policy term exactly (what is left is the language model's gradient), and two
+    different a' give two different single estimates: the check above has teeth."""
+    model = make_model(n_bytes=N, batch_centering="draw", draw_share=1.0)
+    auto, _ = exact_gradient(model, "auto", n_bytes=N)
+    assert close(draw_expectation(model, same=True), auto)
+    configs = all_configs(N)
+    estimates = []
+    for c2 in (0, 7):
+        model.zero_grad()
+        accumulate_gradients(model, batch_of(1, n_bytes=N), 1, uniforms=taking(configs[[3]]),
+                             baseline_uniforms=taking(configs[[c2]]))
+        estimates.append(grads(model))
+    assert not close(estimates[0], estimates[1], tol=1e-3)
+
+
+def test_discounted_draw_baseline_has_only_the_discount_bias():
+    drawn = make_model(n_bytes=N, gamma=0.5, batch_centering="draw", draw_share=1.0)
+    plain = make_model(n_bytes=N, gamma=0.5, batch_centering="none")
+    assert close(draw_expectation(drawn), estimator_expectation(plain, n_bytes=N))
+
+
+@pytest.mark.parametrize("share, rows, chosen", [(0.25, 8, [3, 7]), (0.5, 5, [1, 3]), (1.0, 3, [0, 1, 2]),
+                                                 (0.3, 7, [3, 6])])
+def test_rows_given_a_second_draw(share, rows, chosen):
+    # row i is chosen where floor((i + 1) s) > floor(i s): every (1 / s)-th row
+    model = make_model(batch_centering="draw", draw_share=share)
+    assert model.boundaries.baseline_draw_rows(rows).nonzero().flatten().tolist() == chosen
+    assert make_model().boundaries.baseline_draw_rows(rows) is None  # the paper's centering draws once
+
+
+def test_micro_batches_give_the_same_gradient_and_only_chosen_rows_train_the_policy():
+    cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.25, "lags": 2})
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries).train()
+    batch = Batch.from_sequences(random_inputs(8, 33, seed=5))
+    gen = torch.Generator().manual_seed(2)
+    u, u2 = torch.rand(8, 32, generator=gen), torch.rand(8, 32, generator=gen)
+    got = []
+    for pieces in (1, 2, 4):
+        model.zero_grad()
+        metrics = accumulate_gradients(model, batch, pieces, uniforms=u, baseline_uniforms=u2)
+        got.append((grads(model), float(metrics["baseline_flops"])))
+    assert all(close(g, got[0][0], tol=1e-5) and f == got[0][1] for g, f in got[1:])
+    # the unchosen rows' second draws are never read: changing them changes nothing
+    u3 = u2.clone()
+    u3[[0, 1, 2, 4, 5, 6]] = torch.rand(6, 32, generator=gen)
+    model.zero_grad()
+    accumulate_gradients(model, batch, 1, uniforms=u, baseline_uniforms=u3)
+    assert close(grads(model), got[0][0], tol=1e-6)
+
+
+def test_baseline_flops_count_a_forward_of_everything_after_the_encoder():
+    cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.5})
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries).train()
+    batch = Batch.from_sequences(random_inputs(4, 33, seed=1))
+    u, u2 = torch.rand(4, 32), torch.rand(4, 32)
+    metrics = accumulate_gradients(model, batch, 1, uniforms=u, baseline_uniforms=u2)
+    with torch.no_grad():  # rows 1 and 3, drawn with their second uniforms
+        tokens = model(batch.inputs[[1, 3]], uniforms=u2[[1, 3]]).tok_real.numel()
+    p = model.matrix_params()
+    per_byte = p["byte_per_draw"] + model.boundaries.n_matrix_params()
+    assert int(metrics["baseline_flops"]) == 2 * (per_byte * 2 * 32 + p["token"] * tokens)
+    # a third of a training step's FLOPs for the same bytes, less the encoder's and early head's
+    train = model.flops(2 * 32, tokens)
+    assert train / 3 > int(metrics["baseline_flops"]) > 0.5 * train / 3
+
+
+def test_without_a_second_draw_the_rewards_are_refused():
+    model = make_model(batch_centering="draw")
+    z = torch.zeros(1, N)
+    inputs = LossInputs(z, z, z.bool() | True, z.bool())
+    with pytest.raises(ValueError, match="second boundary draw"):
+        model.boundaries._rewards(inputs)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["boundaries.group_size=2"], "group_size=1"),
+    (["boundaries.learned.draw_share=0"], "draw_share"),
+    (["boundaries.learned.draw_share=1.5"], "draw_share")])
+def test_draw_options_are_checked(overrides, message):
+    cfg = load_config(None, ["boundaries.learned.batch_centering=draw", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        check(cfg.boundaries)
