@@ -10,6 +10,8 @@ policy-gradient estimate (the gradient of lambda_pi * L_pi only) under each vari
     naive          gamma = 1, no early-exit reward, no centering (reward-to-go REINFORCE)
     K=k group      k boundary draws of each of B/k sequences, centred on the mean of a sequence's draws
     K=k group_loo  the same, centred on the mean of the sequence's other draws (RLOO)
+    draw s         a second, forward-only draw of a share s of the sequences as their baseline; only those
+                   train the policy (`batch_centering=draw`, `draw_share=s`)
 
 and report, per variant: the relative variance of a single estimate (trace of its covariance over the
 squared norm of the reference), the mean cosine similarity of single estimates to the reference, and
@@ -38,19 +40,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from learntok.data.batch import Batch  # noqa: E402
 from learntok.config import load_config  # noqa: E402
 from learntok.train.checkpoint import load_model  # noqa: E402
-from learntok.unet import ByteUNet, log_likelihoods  # noqa: E402
+from learntok.train.accumulate import baseline_draw, log_likelihoods  # noqa: E402
+from learntok.unet import ByteUNet  # noqa: E402
 from learntok.data.loader import make_data  # noqa: E402
 from learntok.data.batch import concat_batches  # noqa: E402
 
+# every variant changes the paper's estimator, whatever the checkpoint trained with
+PAPER = {"gamma": 0.99, "early_exit_reward": True, "batch_centering": "mean"}
 VARIANTS = {
-    "full": {},
-    "gamma=1": {"gamma": 1.0},
-    "no-early-exit": {"early_exit_reward": False},
-    "no-centering": {"batch_centering": "none"},
+    "full": PAPER,
+    "gamma=1": {**PAPER, "gamma": 1.0},
+    "no-early-exit": {**PAPER, "early_exit_reward": False},
+    "no-centering": {**PAPER, "batch_centering": "none"},
     "naive": {"gamma": 1.0, "early_exit_reward": False, "batch_centering": "none"},
 }
-VARIANTS.update({f"K={k} {mode}": {"group_size": k, "batch_centering": mode}
+VARIANTS.update({f"K={k} {mode}": {**PAPER, "group_size": k, "batch_centering": mode}
                  for k in (2, 4, 8) for mode in ("group", "group_loo")})
+VARIANTS.update({f"draw {share}": {**PAPER, "batch_centering": "draw", "draw_share": share} for share in (0.25, 1.0)})
 REFERENCE = {"gamma": 1.0, "early_exit_reward": True, "batch_centering": "leave_one_out"}
 
 
@@ -61,17 +67,22 @@ def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[t
     strategy = model.boundaries
     saved = strategy.options, strategy.cfg.group_size
     policy_options = dict(options)
-    strategy.cfg.group_size = policy_options.pop("group_size", strategy.cfg.group_size)
+    strategy.cfg.group_size = policy_options.pop("group_size", 1)
     strategy.options = dataclasses.replace(strategy.options, **policy_options)
     try:
         rows = batch.inputs.shape[0] // strategy.cfg.group_size
         part = Batch(batch.inputs[:rows], batch.targets[:rows])
-        out = model(part.inputs, generator=generator)
+        hidden = model.encode(part.inputs)
+        out = model(part.inputs, generator=generator, hidden=hidden)
         _, _, loss_inputs = log_likelihoods(out, part)
+        flops = model.flops(part.inputs.numel(), out.tok_real.numel(), out.draws)
+        chosen = strategy.baseline_draw_rows(rows)
+        if chosen is not None:  # its FLOPs: a forward of everything after the encoder, for the chosen rows
+            loss_inputs, flops = baseline_draw(model, part, hidden, chosen, loss_inputs, generator=generator,
+                                               uniforms=None, flops=flops)
         weight, loss = model.boundaries.losses(out.boundaries, loss_inputs)["policy"]
         params = [p for p in model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(weight * loss, params, allow_unused=True)
-        flops = model.flops(part.inputs.numel(), out.tok_real.numel(), out.draws)
         return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)]), flops
     finally:
         strategy.options, strategy.cfg.group_size = saved
