@@ -34,6 +34,19 @@ def test_blocked_sliding_window_equals_dense_reference(T, window, cap):
     assert torch.allclose(out.double(), dense_reference(q, k, v, window, cap), atol=2e-5)
 
 
+@pytest.mark.parametrize("T, window, query_block", [(9, 4, 4), (9, 4, 2), (9, 4, 1), (130, 64, 64), (130, 64, 16),
+                                                    (31, 6, 3), (5, 8, 2)])
+def test_every_query_block_size_equals_dense_reference(T, window, query_block):
+    q, k, v = qkv(T, seed=T + query_block)
+    out = sliding_window_attention(q, k, v, window, 50.0, query_block)
+    assert torch.allclose(out.double(), dense_reference(q, k, v, window, 50.0), atol=2e-5)
+
+
+def test_query_blocks_must_divide_the_window():
+    with pytest.raises(ValueError, match="divide"):
+        sliding_window_attention(*qkv(8), 6, None, 4)
+
+
 @pytest.mark.parametrize("T", [1, 7, 130])
 @pytest.mark.parametrize("cap", [None, 50.0])
 def test_causal_attention_equals_dense_reference(T, cap):
