@@ -156,7 +156,7 @@ def test_unknown_sections_and_options_name_the_nearest_key(override, message):
     ("boundaries.learned.lags=-1", "boundaries.learned.lags=-1: must be >= 0"),
     ("boundaries.learned.gamma=1.5", "boundaries.learned.gamma=1.5: must lie in (0, 1]"),
     ("boundaries.learned.batch_centering=median", ("boundaries.learned.batch_centering='median': use mean, "
-                                                   "leave_one_out, group, group_loo or none")),
+                                                   "leave_one_out, group, group_loo, draw or none")),
     ("boundaries.entropy.mode=local", "boundaries.entropy.mode='local': use global or monotonic"),
     ("boundaries.entropy.source=late", "boundaries.entropy.source='late': use early or own"),
     ("boundaries.entropy.momentum=0", "boundaries.entropy.momentum=0.0: must lie in (0, 1]"),

@@ -73,7 +73,8 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     """Backpropagate the loss of `batch` in `micro_batches` pieces: afterwards `.grad` holds the gradient
     of L over the whole batch (added to what was there). Returns the metrics of the whole batch
     (detached 0-d tensors, no host sync: "loss", "bpb", "early_bpb", "boundary_rate", "tokens",
-    "token_slots", "bytes", "baseline_flops", each "loss_<name>" of the strategy, the strategy's own).
+    "token_slots", "bytes", each "loss_<name>" of the strategy, the strategy's own, and "baseline_flops"
+    where the strategy makes a second draw).
     `uniforms` (B, T): the draws of a sampling strategy for the whole batch; `baseline_uniforms` (B, T):
     those of its second draw, where it makes one (rows it does not choose are not read).
     `totals` ({"rows", "valid", "real"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
@@ -169,8 +170,9 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         "tokens": torch.as_tensor(sums["tokens"]),
         "token_slots": torch.as_tensor(sums["token_slots"]),
         "bytes": n_valid,
-        "baseline_flops": torch.as_tensor(sums["baseline_flops"], dtype=torch.float64),
     }
+    if baseline_rows is not None:
+        metrics["baseline_flops"] = torch.as_tensor(sums["baseline_flops"], dtype=torch.float64)
     metrics.update({f"loss_{k}": torch.as_tensor(v) for k, v in aux_values.items()})
     share = batch.inputs.shape[0] / n_rows  # this rank's part of the rows
     metrics.update({k: v * share if share != 1 else v for k, v in _strategy_metrics(strategy, kept).items()})

@@ -360,12 +360,13 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
             self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws)
-            self.flops += int(metrics["baseline_flops"])
+            self.flops += int(metrics.get("baseline_flops", 0))
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
             square = local_grad_sq(self.model).double().to(self.device) if fsdp else torch.zeros((), dtype=torch.float64, device=self.device)
-            check = torch.stack([metrics["loss"].double(), square, metrics["baseline_flops"].to(self.device)])
+            second_draw = metrics.get("baseline_flops", torch.zeros((), dtype=torch.float64))
+            check = torch.stack([metrics["loss"].double(), square, second_draw.to(self.device)])
             self.dist.all_reduce(check)  # the global loss, squared norm of the gradient's shards, second draws' FLOPs
             loss = check[0]
             self.flops += int(check[2])
