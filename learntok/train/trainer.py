@@ -343,7 +343,7 @@ class Trainer:
         batch = batch.to(self.device)
         uniforms = self._uniforms(batch)
         # a second draw's uniforms, where the strategy makes one (drawn after the first: exact resume)
-        second = self.model.boundaries.baseline_draw_rows(1) is not None
+        second = self.model.boundaries.baseline_draw_rows(batch.inputs.shape[0]) is not None
         baseline_uniforms = self._uniforms(batch) if second else None
         self.optimizer.zero_grad(set_to_none=True)
         max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
