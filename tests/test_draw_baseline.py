@@ -14,9 +14,13 @@ from learntok.boundaries import check
 from learntok.config import ConfigError, load_config
 from learntok.data.batch import Batch
 from learntok.train.accumulate import accumulate_gradients
+from learntok.train.checkpoint import list_checkpoints
+from learntok.train.metrics import read_metrics
+from learntok.train.trainer import Trainer
 from learntok.unet import ByteUNet
 
-from conftest import random_inputs, taking, tiny_config
+from conftest import memory_data, random_inputs, taking, tiny_config
+from test_train import without_timing
 from test_estimator import all_configs, batch_of, close, estimator_expectation, exact_gradient, grads, make_model
 
 N = 4  # bytes per sequence: 3 free decisions, 8 configurations, 64 joint ones
@@ -128,3 +132,36 @@ def test_draw_options_are_checked(overrides, message):
     cfg = load_config(None, ["boundaries.learned.batch_centering=draw", *overrides])
     with pytest.raises(ConfigError, match=message):
         check(cfg.boundaries)
+
+
+def test_training_with_a_second_draw_resumes_exactly_and_counts_its_flops(tmp_path):
+    """The second draw's uniforms come from the trainer's sampling generator after the first draw's, so a
+    resumed run draws what the uninterrupted run drew; the draw's FLOPs are in the run's count."""
+    def trainer(run_dir, resume=False, **train):
+        cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.5})
+        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
+        cfg.train.training_bytes = 6 * cfg.train.batch_size * cfg.train.seq_len
+        cfg.train.log_every, cfg.train.eval_every = 1, 0
+        for k, v in train.items():
+            setattr(cfg.train, k, v)
+        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+
+    ref = trainer(tmp_path / "ref", checkpoint_every=0)
+    ref.train()
+    run = trainer(tmp_path / "run", checkpoint_every=3)
+    run.train()
+    for later in list_checkpoints(tmp_path / "run")[1:]:
+        later.rename(tmp_path / "run" / f"old_{later.name}")
+    resumed = trainer(tmp_path / "run", resume=True, checkpoint_every=3)
+    assert resumed.step == 3
+    resumed.train()
+    rows = read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    assert all(r["baseline_flops"] > 0 for r in rows)
+    # each step adds its training FLOPs, 6 (byte params x 256 bytes + token params x its tokens), and its
+    # second draw's: what is left after both is a whole number of tokens
+    p = ref.model.matrix_params()
+    flops = [0] + [r["flops"] for r in rows]
+    for before, after, r in zip(flops, flops[1:], rows):
+        tokens = (after - before - r["baseline_flops"] - 6 * p["byte"] * 4 * 64) / (6 * p["token"])
+        assert tokens == round(tokens) and 4 <= tokens <= 4 * 64, tokens
