@@ -165,3 +165,25 @@ def test_training_with_a_second_draw_resumes_exactly_and_counts_its_flops(tmp_pa
     for before, after, r in zip(flops, flops[1:], rows):
         tokens = (after - before - r["baseline_flops"] - 6 * p["byte"] * 4 * 64) / (6 * p["token"])
         assert tokens == round(tokens) and 4 <= tokens <= 4 * 64, tokens
+
+
+def test_policy_losses_leave_the_encoder_alone_when_told():
+    """train_encoder=false: the encoder's gradient is the language model's alone (as with both policy
+    weights at 0), while the policy's weights still learn; true (the default): the policy moves it too."""
+    batch = Batch.from_sequences(random_inputs(4, 33, seed=6))
+    u = torch.rand(4, 32, generator=torch.Generator().manual_seed(7))
+
+    def encoder_and_policy_grads(**learned):
+        cfg = tiny_config(learned={"lambda_policy": 1.0, "lambda_target": 1.0, **learned})
+        torch.manual_seed(0)
+        model = ByteUNet(cfg.model, cfg.boundaries).train()
+        accumulate_gradients(model, batch, 1, uniforms=u)
+        enc = torch.cat([p.grad.flatten() for p in model.encoder.parameters()])
+        return enc, model.boundaries.proj.weight.grad
+
+    alone, policy = encoder_and_policy_grads(train_encoder=False)
+    lm_only, _ = encoder_and_policy_grads(lambda_policy=0.0, lambda_target=0.0)
+    moved, _ = encoder_and_policy_grads()
+    assert torch.equal(alone, lm_only)
+    assert policy.abs().max() > 0
+    assert not torch.allclose(moved, lm_only, atol=1e-6)

@@ -60,6 +60,7 @@ class LearnedOptions(StrategyOptions):
     draw_share: float = 0.25  # with batch_centering=draw: the share of a batch's sequences given a second draw
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
+    train_encoder: bool = True  # the policy's losses also train the encoder through X (false: only W)
 
     def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
         if self.lags < 0:
@@ -107,7 +108,8 @@ class LearnedPolicy(BoundaryStrategy):
 
     def scaled_logit_terms(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """base_i = W_0 X_i / D + logit(target) (B, T) and lag_{i,j} = W_j X_i / D (B, T, w)."""
-        z = self.proj(hidden).float() / self.options.scale  # (B, T, 1 + w)
+        x = hidden if self.options.train_encoder else hidden.detach()
+        z = self.proj(x).float() / self.options.scale  # (B, T, 1 + w)
         return z[..., 0] + math.log(self.cfg.target_rate / (1 - self.cfg.target_rate)), z[..., 1:]
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
