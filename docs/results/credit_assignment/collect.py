@@ -60,9 +60,9 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(runs, indent=1))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, s in enumerate(settings):
-        for r in (r for r in runs if r["setting"] == s):
+        for j, r in enumerate(r for r in runs if r["setting"] == s):
             x, y = zip(*r["trend"])
-            ax.plot(x, y, color=f"C{i}", marker="o", ms=3, label=s if r["seed"] == 0 else None, alpha=0.8)
+            ax.plot(x, y, color=f"C{i}", marker="o", ms=3, label=s if j == 0 else None, alpha=0.8)
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("held-out bpb")
     ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
