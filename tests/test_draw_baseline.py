@@ -2,15 +2,16 @@
 returns are subtracted from the sampled draw's, A_i = G_i(a) - G_i(a').
 
 Checked against exact enumeration as in test_estimator.py: every joint configuration of (a, a') of one
-sequence, weighted by pi(a) pi(a'), gives the estimator's exact mean."""
+sequence, weighted by pi(a) pi(a'), gives the estimator's exact mean. At the end: the policy option
+that keeps its losses out of the encoder (`train_encoder=false`), the other estimator setting the
+credit-assignment results compare."""
 
 import itertools
 
 import pytest
 import torch
 
-from learntok.boundaries import LossInputs
-from learntok.boundaries import check
+from learntok.boundaries import LossInputs, check
 from learntok.config import ConfigError, load_config
 from learntok.data.batch import Batch
 from learntok.train.accumulate import accumulate_gradients

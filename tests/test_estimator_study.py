@@ -1,6 +1,7 @@
 """benchmarks/estimator_variance.py runs end to end (tiny sizes, untrained model): every variant prints a
 row of finite figures, so that the study cannot break unnoticed when the code it calls moves."""
 
+import importlib.util
 import math
 import subprocess
 import sys
@@ -10,8 +11,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "estimator_varianc
 
 
 def test_estimator_study_prints_every_variant():
-    sys.path.insert(0, str(SCRIPT.parent))
-    import estimator_variance
+    spec = importlib.util.spec_from_file_location("estimator_variance", SCRIPT)
+    estimator_variance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(estimator_variance)  # its variants (the script's main() does not run)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--samples", "2", "--reference-samples", "2",
                            "model.d_model=32", "model.n_heads=2", "train.seq_len=64", "train.batch_size=8"],
                           capture_output=True, text=True, timeout=300)
