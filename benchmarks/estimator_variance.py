@@ -78,8 +78,9 @@ def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[t
         flops = model.flops(part.inputs.numel(), out.tok_real.numel(), out.draws)
         chosen = strategy.baseline_draw_rows(rows)
         if chosen is not None:  # its FLOPs: a forward of everything after the encoder, for the chosen rows
-            loss_inputs, flops = baseline_draw(model, part, hidden, chosen, loss_inputs, generator=generator,
-                                               uniforms=None, flops=flops)
+            loss_inputs, draw_flops = baseline_draw(model, part, hidden, chosen, loss_inputs,
+                                                    generator=generator, uniforms=None)
+            flops += draw_flops
         weight, loss = model.boundaries.losses(out.boundaries, loss_inputs)["policy"]
         params = [p for p in model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(weight * loss, params, allow_unused=True)

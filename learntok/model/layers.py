@@ -67,21 +67,20 @@ _WINDOW_MASKS: dict[tuple, torch.Tensor] = {}
 CACHE_BLOCK = 64  # a full-attention inference cache grows by this many slots or more (`Stack.reserve`)
 
 
-def sliding_window_mask(n_blocks: int, window: int, device: torch.device, query_block: int | None = None) -> torch.Tensor:
+def sliding_window_mask(n_blocks: int, window: int, query_block: int, device: torch.device) -> torch.Tensor:
     """(n_blocks, Q, W + Q) bool mask for blocked sliding-window attention with query blocks of Q
-    (default W) positions.
+    positions.
 
     Query block b (absolute positions bQ .. bQ+Q-1) sees the W/Q key blocks before it, then its own (key
     slot j is absolute position (b - W/Q)Q + j). Query q may attend key k iff q - W < k <= q and k >= 0:
     exactly W keys including itself (fewer at the start).
     Cached per size in eager code; a compiled graph computes it (fused into the attention, and a cache
     keyed by the length would make every length a recompilation)."""
-    Q = query_block or window
     if torch.compiler.is_compiling():
-        return _window_mask(n_blocks, window, Q, device)
-    key = (n_blocks, window, Q, str(device))
+        return _window_mask(n_blocks, window, query_block, device)
+    key = (n_blocks, window, query_block, str(device))
     if key not in _WINDOW_MASKS:
-        _WINDOW_MASKS[key] = _window_mask(n_blocks, window, Q, device)
+        _WINDOW_MASKS[key] = _window_mask(n_blocks, window, query_block, device)
     return _WINDOW_MASKS[key]
 
 
@@ -119,7 +118,7 @@ def sliding_window_attention(q, k, v, window: int, cap: float | None, query_bloc
         tb = F.pad(t.view(B, H, n_blocks, Q, hd), (0, 0, 0, 0, back, 0))
         return torch.cat([tb[:, :, j:j + n_blocks] for j in range(back + 1)], dim=3)
 
-    mask = sliding_window_mask(n_blocks, W, q.device, Q)  # (nb, Q, W + Q)
+    mask = sliding_window_mask(n_blocks, W, Q, q.device)  # (nb, Q, W + Q)
     out = _attend(qb, windows(k), windows(v), mask, cap)  # (B, H, nb, Q, hd)
     return out.reshape(B, H, n_blocks * Q, hd)[:, :, :T]
 

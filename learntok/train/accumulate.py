@@ -105,9 +105,10 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
                     uniforms=None if uniforms is None else uniforms[draws], hidden=h)
         logp, logp_early, loss_inputs = log_likelihoods(out, mb)
         if baseline_rows is not None:
-            loss_inputs, sums["baseline_flops"] = baseline_draw(
+            loss_inputs, draw_flops = baseline_draw(
                 model, mb, h, baseline_rows[rows], loss_inputs, generator=generator,
-                uniforms=None if baseline_uniforms is None else baseline_uniforms[rows], flops=sums["baseline_flops"])
+                uniforms=None if baseline_uniforms is None else baseline_uniforms[rows])
+            sums["baseline_flops"] += draw_flops
         nll = -(logp * loss_inputs.valid).sum() / K  # the mean over draws of each draw's sum
         nll_early = -(logp_early * mb.valid).sum()
         local = (nll + lambda_early * nll_early) / denom
@@ -228,15 +229,15 @@ def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundarie
 
 
 def baseline_draw(model: ByteUNet, mb: Batch, hidden: torch.Tensor, chosen: torch.Tensor, loss_inputs: LossInputs, *,
-                  generator: torch.Generator | None, uniforms: torch.Tensor | None, flops: int
-                  ) -> tuple[LossInputs, int]:
+                  generator: torch.Generator | None, uniforms: torch.Tensor | None) -> tuple[LossInputs, int]:
     """A second boundary draw of the `chosen` (b,) rows of micro-batch `mb`, forward only, on its encoder
     output `hidden`: `loss_inputs` with its log p(target) as `logp_baseline` (the other rows: their own
-    log p, so that their difference is 0) and `baseline_weight` 1 on the chosen rows, and `flops` plus the
-    draw's FLOPs (the strategy, token level, decoder and head: the encoder already ran)."""
+    log p, so that their difference is 0) and `baseline_weight` 1 on the chosen rows, and the draw's FLOPs
+    (the strategy, token level, decoder and head: the encoder already ran)."""
     idx = chosen.nonzero().squeeze(1)
     pick = (lambda t: None if t is None else t[idx])
     logp_baseline = loss_inputs.logp.clone()
+    flops = 0
     if len(idx):
         with torch.no_grad():
             out = model(mb.inputs[idx], doc_start=pick(mb.doc_start), supplied=pick(mb.boundaries),
