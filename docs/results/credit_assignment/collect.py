@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -28,11 +29,13 @@ def runs_of(label: str, folder: Path) -> list[dict]:
     for run in report["runs"]:
         if run.get("status") != "ok":
             continue
-        rows = [json.loads(line) for line in (folder / "runs" / f"{run['strategy']}-seed{run['seed']}" / "metrics.jsonl")
-                .read_text().splitlines() if line.strip()]
+        run_dir = folder / "runs" / f"{run['strategy']}-seed{run['seed']}"
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        # compare numbers its seeds from 0; a run given train.seed=S keeps S in its config
+        seed = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["seed"]
         trend = [(r["flops"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
         name = label if len(report["settings"]["strategies"]) == 1 else f"{run['strategy']}"
-        out.append({"setting": name, "seed": run["seed"], "bpb": run["bpb"], "flops": run["flops"],
+        out.append({"setting": name, "seed": seed, "bpb": run["bpb"], "flops": run["flops"],
                     "bytes": run["bytes"], "trend": trend,
                     **{k: run["analysis"]["summary"].get(k) for k in MEASURES}})
     return out
