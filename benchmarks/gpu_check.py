@@ -18,8 +18,9 @@ layers at rate 1/4) at 128 x 4096 bytes per step on a corpus in the FineWeb layo
 with a `text` field, or a directory made by `learntok prepare`; its val split is held out). The uniform
 run's FLOPs budget is what fits in `--learn-seconds` at its measured speed (fixed after the first steps,
 inside the learning-rate warm-up); the learned run gets the same FLOPs (from the uniform part in the
-report folder, or `--flops`). Every `--probe-every` seconds both print held-out bpb and where their
-boundaries fall (whitespace precision/recall, the paper's reference alignment).
+report folder, or `--flops`) and the logit scale D = 1 (`Sizes.learned_overrides`). Every `--probe-every`
+seconds both print held-out bpb and where their boundaries fall (whitespace precision/recall, the paper's
+reference alignment).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ class Sizes:
     learn_overrides: tuple = ("train.batch_size=128", "train.micro_batches=8", "train.precision=bf16",
                               "train.compile=true", "model.attention=flex", "data.mode=packed",
                               "train.warmup_bytes=1.05e7")  # 20 steps of warm-up
+    # The learned run's logit scale D: the paper's 16 leaves a policy of a few hundred steps at lr 3e-3 near
+    # its starting point (lr x steps / D ~ 0.1); D = 1 is our best setting at short runs
+    # (docs/results/credit_assignment/, section 8)
+    learned_overrides: tuple = ("boundaries.learned.scale=1",)
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 8)  # the speed is measured between these steps (after compilation)
@@ -411,7 +416,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                              f"into {out_dir}, or give --flops")
         flops = json.loads(uniform_part.read_text())["result"]["flops"]
     data_dir = prepared_data(args, work)
-    overrides = [*sizes.learn_overrides, f"data.source={data_dir}", f"boundaries.name={strategy}", "train.eval_every=0",
+    overrides = [*sizes.learn_overrides, *(sizes.learned_overrides if strategy == "learned" else ()),
+                 f"data.source={data_dir}", f"boundaries.name={strategy}", "train.eval_every=0",
                  "train.checkpoint_every=0", "train.tensorboard=false", "train.log_every=10", "train.training_bytes=1e15"]
     cfg = load_config(sizes.learn_config, overrides)
     data = make_data(cfg)
@@ -572,17 +578,19 @@ def render_figures(fig: dict) -> list[str]:
 def render_learn(learn: dict) -> list[str]:
     out = ["| strategy | parameters | steps | bytes | FLOPs | wall (s) | held-out bpb | rate | whitespace precision | "
            "whitespace recall |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, r in learn.items():
-        if not r or "val_bpb" not in r:
-            continue
+    done = {name: r for name, r in learn.items() if r and "val_bpb" in r}
+    first = next(iter(done.values()), None)
+    shared = [o for o in first["overrides"] if all(o in r["overrides"] for r in done.values())] if first else []
+    for name, r in done.items():
         b = r["boundaries"]
+        own = [o for o in r["overrides"] if o not in shared and not o.startswith("boundaries.name=")]
+        name = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
         out.append(f"| {name} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
                    f"{r['wall_s']} | {r['val_bpb']:.4f} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
                    f"{b['whitespace_recall']:.3f} |")
-    first = next((r for r in learn.values() if r and "val_bpb" in r), None)
     if first:
         out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
-                f"{' '.join(first['overrides'])}; data: {first['data']}; held out: "
+                f"{' '.join(o for o in shared if not o.startswith('boundaries.name='))}; data: {first['data']}; held out: "
                 f"{first['heldout_sequences']} sequences of its val split (bpb with sampled boundaries, mean of "
                 f"{first['eval_samples']} draws for learned). One seed each.", "", "Probes during training:", "",
                 "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall |",

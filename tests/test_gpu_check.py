@@ -38,7 +38,10 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     step = learned["flops"] / learned["steps"]
     assert uniform["flops"] <= learned["flops"] < uniform["flops"] + 1.5 * step
     assert uniform["probes"] and learned["probes"] and learned["probes"][-1]["step"] == learned["steps"]
+    # only the learned run sets the logit scale, and its row in the report says so
+    assert "boundaries.learned.scale=1" in learned["overrides"] and "boundaries.learned.scale=1" not in uniform["overrides"]
     report = (tmp_path / "report.md").read_text()
+    assert "| learned (boundaries.learned.scale=1) |" in report
     for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
         assert heading in report
     assert "## Failures" not in report
