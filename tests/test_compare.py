@@ -50,7 +50,7 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
             "--out", str(out), "--eval-points", "2", "--heldout-sequences", "4",
             "--paragraph-file", str(tmp_path / "paragraph.txt"),
             "--no-progress", *TINY,
-            f"data.source={prepared}", "data.mode=packed"]
+            f"data.source={prepared}", "data.mode=packed", "train.seed=3"]
     assert cli_main(args) == 0
     for name in ("table.md", "results.json", "bpb_vs_flops.png", "segmentation.png", "segmentation.html", "command.txt"):
         assert (out / name).stat().st_size > 0, name
@@ -64,7 +64,9 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
         r = by_name[name]
         assert r["status"] == "ok" and 0 < r["bpb"] < 9
         assert budget <= r["flops"] <= budget * 1.15  # stops at the first step past the budget
-        assert len(next(x for x in results["runs"] if x["strategy"] == name)["curve"]) >= 2
+        run = next(x for x in results["runs"] if x["strategy"] == name)
+        assert len(run["curve"]) >= 2
+        assert (run["seed"], run["train_seed"]) == (0, 3)  # the index of runs/<strategy>-seed0, and the seed it trained with
     assert 0.1 < by_name["uniform"]["rate"] < 0.3 and by_name["uniform"]["mean_token_bytes"] > 3
     assert by_name["bpe"]["bpe_f1"] == 1.0  # the reference is the track it trains with
     html = (out / "segmentation.html").read_text()

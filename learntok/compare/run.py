@@ -46,7 +46,7 @@ class CompareSettings:
 @dataclass
 class RunResult:
     strategy: str
-    seed: int
+    seed: int  # the index k of runs/<strategy>-seed<k>
     status: str  # ok | skipped | failed
     message: str = ""
     run_dir: str = ""
@@ -60,6 +60,7 @@ class RunResult:
     wall_s: float = 0.0
     analysis: dict = field(default_factory=dict)
     curve: list = field(default_factory=list)  # [(flops, val_bpb)] during training
+    train_seed: int | None = None  # the run's train.seed: the config's train.seed + seed
 
 
 # --- planning ------------------------------------------------------------------------------------
@@ -119,6 +120,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
         result.message = f"being trained by another process (pid {owner}); run the command again once it has finished"
         return result
     cfg = run_config(settings, strategy, seed)
+    result.train_seed = cfg.train.seed
     try:
         data = make_data(cfg)
     except (ValueError, FileNotFoundError) as e:
