@@ -22,6 +22,18 @@ to the paper's ("full"), which is the variance at equal compute (averaging n est
 estimates of the unbiased low-variance variant (gamma = 1, early-exit reward, leave-one-out centering),
 i.e. our best estimate of the true policy gradient of E_a log p(y | a, x). Prints a table; asserts nothing.
 
+Then, where the paper estimator's noise comes from (`--decompose-draws` k boundary draws of the same batch):
+its advantage A_t (the batch-centred discounted return) splits into a text part, the mean of A_t over draws
+of the boundaries (what the text ahead of position t is worth to this row, whatever the boundaries), and a
+draw part, what this draw's boundaries change. Only the draw part carries a policy-gradient signal; the text
+part multiplies the score of a_t as noise, and a baseline that predicted it would remove it. A baseline may
+use anything a_t does not change, so the study fits one (ridge regression on the first half of the rows,
+its R^2 on the second half) on each of three cheap candidates: the row's own past rewards (r_s, s < t;
+exponential averages over 16, 64 and 256 bytes, and the bytes they cover), the discounted future sums of
+the early-exit head's log-likelihood, its square and its entropy (the encoder is not changed by boundaries),
+and the encoder state X_t. A group or second-draw baseline removes the text part exactly, at the price of
+more draws.
+
     python benchmarks/estimator_variance.py --checkpoint runs/demo --samples 16 --reference-samples 64
 """
 
@@ -44,6 +56,7 @@ from learntok.train.accumulate import baseline_draw, log_likelihoods  # noqa: E4
 from learntok.unet import ByteUNet  # noqa: E402
 from learntok.data.loader import make_data  # noqa: E402
 from learntok.data.batch import concat_batches  # noqa: E402
+from learntok.objectives import batch_centered, discounted_returns  # noqa: E402
 
 # every variant changes the paper's estimator, whatever the checkpoint trained with
 PAPER = {"gamma": 0.99, "early_exit_reward": True, "batch_centering": "mean"}
@@ -89,16 +102,108 @@ def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[t
         strategy.options, strategy.cfg.group_size = saved
 
 
+def text_and_draw_shares(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """advantages (K, B, T): K boundary draws of the same text. The shares of E[A^2] (over the positions of
+    `mask`) of the text part, E_draws[A]^2 (unbiased: the square of the K-draw mean less var / K), and of the
+    draw part, the variance over draws; they add up to 1."""
+    a = advantages[:, mask].double()
+    total = a.pow(2).mean()
+    draw_var = a.var(0).mean()
+    return float((a.mean(0).pow(2).mean() - draw_var / a.shape[0]) / total), float(draw_var / total)
+
+
+def ridge_r2(features: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, ridge: float = 0.1) -> float:
+    """features (B, T, F), target (B, T): fit target ~ features + 1 on the first half of the rows (positions
+    of `mask`), and return R^2 = 1 - E[residual^2] / E[target^2] on the second half."""
+    rows = mask.shape[0] // 2
+    x = torch.cat([features, torch.ones_like(features[..., :1])], -1).double()
+    y = target.double()
+    fit_x, fit_y = x[:rows][mask[:rows]], y[:rows][mask[:rows]]
+    coef = torch.linalg.solve(fit_x.T @ fit_x + ridge * torch.eye(x.shape[-1], dtype=x.dtype), fit_x.T @ fit_y)
+    test_x, test_y = x[rows:][mask[rows:]], y[rows:][mask[rows:]]
+    return float(1 - (test_y - test_x @ coef).pow(2).mean() / test_y.pow(2).mean())
+
+
+def advantage_decomposition(model: ByteUNet, batch, generator, draws: int) -> dict:
+    """The paper estimator's advantage split into its text and draw parts over `draws` boundary draws, and
+    the out-of-sample R^2 of ridge baselines fitted to the text part (see the docstring)."""
+    gamma = PAPER["gamma"]
+    with torch.no_grad():
+        hidden = model.encode(batch.inputs)
+        advantages, features = [], None
+        for _ in range(draws):
+            out = model(batch.inputs, generator=generator, hidden=hidden)
+            _, _, inp = log_likelihoods(out, batch)
+            rewards = (inp.logp - inp.logp_early) * inp.valid
+            decide = inp.valid & ~inp.forced
+            advantages.append(batch_centered(discounted_returns(rewards, gamma), decide, "mean"))
+            if features is None:  # from the first draw: past rewards do not depend on a_t
+                valid = inp.valid.to(rewards.dtype)
+                past = []
+                for span in (16, 64, 256):
+                    g = 1 - 1 / span
+                    # sum_{k >= 1} g^k r_{t-k}: the returns of the reversed sequence, less r_t itself
+                    ema, covered = (discounted_returns(x.flip(1), g).flip(1) - x for x in (rewards, valid))
+                    past += [ema, ema / covered.clamp(min=1), covered]
+                logp = out.early_logits.float().log_softmax(-1)
+                early = inp.logp_early * inp.valid
+                entropy = -(logp.exp() * logp).sum(-1) * inp.valid
+                future = [discounted_returns(x, gamma) for x in (early, early ** 2, entropy, valid)]
+                features = {"past rewards": torch.stack(past, -1), "future early-exit": torch.stack(future, -1),
+                            "encoder state X_t": hidden.float()}
+        a = torch.stack(advantages)  # (draws, B, T)
+    text_share, draw_share = text_and_draw_shares(a, decide)
+    weight = decide[..., None].to(a.dtype)
+    r2 = {}
+    for name, f in {**features, "all three": torch.cat(list(features.values()), -1)}.items():
+        # centred per position like A (what the rows share cancels in the batch-mean centering)
+        f = f - (f * weight).sum(0, keepdim=True) / weight.sum(0, keepdim=True).clamp(min=1)
+        r2[name] = ridge_r2(f, a.mean(0), decide)
+    return {"draws": draws, "advantage_second_moment": float(a[:, decide].pow(2).mean()),
+            "text_share": text_share, "draw_share": draw_share, "r2": r2}
+
+
+def variance_table(model: ByteUNet, batch, gen, samples: int, reference_samples: int) -> None:
+    """Prints the variants' table: `samples` estimates each against the mean of `reference_samples`."""
+    start = time.perf_counter()
+    reference = torch.stack([policy_gradient(model, batch, gen, REFERENCE)[0]
+                             for _ in range(reference_samples)]).mean(0)
+    ref_norm2 = reference.pow(2).sum()
+    print(f"batch {tuple(batch.inputs.shape)}, reference from {reference_samples} estimates "
+          f"({time.perf_counter() - start:.0f} s)\n")
+    print("| variant | rows x draws | relative variance | variance x FLOPs vs full | mean cos(single, ref) | cos(mean, ref) |")
+    print("|---|---|---|---|---|---|")
+    paper_cost = None
+    for name, options in VARIANTS.items():
+        if batch.inputs.shape[0] % options.get("group_size", 1):
+            continue
+        estimates = [policy_gradient(model, batch, gen, options) for _ in range(samples)]
+        grads = torch.stack([g for g, _ in estimates])
+        flops = sum(f for _, f in estimates) / len(estimates)
+        mean = grads.mean(0)
+        variance = (grads - mean).pow(2).sum(1).mean() / ref_norm2
+        paper_cost = paper_cost or float(variance) * flops  # "full" comes first
+        cos_single = torch.nn.functional.cosine_similarity(grads, reference[None], dim=1).mean()
+        cos_mean = torch.nn.functional.cosine_similarity(mean, reference, dim=0)
+        k = options.get("group_size", 1)
+        print(f"| {name} | {batch.inputs.shape[0] // k} x {k} | {variance:.3g} | {float(variance) * flops / paper_cost:.3g} "
+              f"| {cos_single:.3f} | {cos_mean:.3f} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", help="a run directory (default: a freshly initialised cpu_default model)")
-    p.add_argument("--samples", type=int, default=16, help="estimates per variant")
+    p.add_argument("--samples", type=int, default=16, help="estimates per variant (0: only the decomposition)")
     p.add_argument("--reference-samples", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rows", type=int, default=None,
                    help="held-out sequences in the batch (default: one training batch, train.batch_size)")
+    p.add_argument("--decompose-draws", type=int, default=8,
+                   help="boundary draws (>= 2) for the split of the advantage into text and draw parts (0: skip)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
+    if args.decompose_draws == 1 or min(args.samples, args.decompose_draws) < 0:
+        raise SystemExit("--decompose-draws must be 0 or at least 2, --samples at least 0")
     if args.checkpoint:
         model, cfg = load_model(args.checkpoint)
     else:
@@ -115,29 +220,18 @@ def main() -> None:
         raise SystemExit(f"only {batch.inputs.shape[0]} held-out sequences: raise train.eval_batches in the run's config")
     gen = torch.Generator().manual_seed(args.seed)
 
-    start = time.perf_counter()
-    reference = torch.stack([policy_gradient(model, batch, gen, REFERENCE)[0]
-                             for _ in range(args.reference_samples)]).mean(0)
-    ref_norm2 = reference.pow(2).sum()
-    print(f"batch {tuple(batch.inputs.shape)}, reference from {args.reference_samples} estimates "
-          f"({time.perf_counter() - start:.0f} s)\n")
-    print("| variant | rows x draws | relative variance | variance x FLOPs vs full | mean cos(single, ref) | cos(mean, ref) |")
-    print("|---|---|---|---|---|---|")
-    paper_cost = None
-    for name, options in VARIANTS.items():
-        if batch.inputs.shape[0] % options.get("group_size", 1):
-            continue
-        estimates = [policy_gradient(model, batch, gen, options) for _ in range(args.samples)]
-        grads = torch.stack([g for g, _ in estimates])
-        flops = sum(f for _, f in estimates) / len(estimates)
-        mean = grads.mean(0)
-        variance = (grads - mean).pow(2).sum(1).mean() / ref_norm2
-        paper_cost = paper_cost or float(variance) * flops  # "full" comes first
-        cos_single = torch.nn.functional.cosine_similarity(grads, reference[None], dim=1).mean()
-        cos_mean = torch.nn.functional.cosine_similarity(mean, reference, dim=0)
-        k = options.get("group_size", 1)
-        print(f"| {name} | {batch.inputs.shape[0] // k} x {k} | {variance:.3g} | {float(variance) * flops / paper_cost:.3g} "
-              f"| {cos_single:.3f} | {cos_mean:.3f} |", flush=True)
+    if args.samples > 0:
+        variance_table(model, batch, gen, args.samples, args.reference_samples)
+    if args.decompose_draws:
+        d = advantage_decomposition(model, batch, gen, args.decompose_draws)
+        print(f"\nThe paper estimator's advantage A_t over {d['draws']} boundary draws of this batch "
+              f"{tuple(batch.inputs.shape)}: E[A^2] = "
+              f"{d['advantage_second_moment']:.3g}, of which the text part (the mean over draws) is "
+              f"{d['text_share']:.1%} and the draw part {d['draw_share']:.1%}.\n")
+        print("| baseline fitted to the text part (ridge, first half of the rows) | R^2 on the second half |")
+        print("|---|---|")
+        for name, r2 in d["r2"].items():
+            print(f"| {name} | {r2:.3f} |")
 
 
 if __name__ == "__main__":

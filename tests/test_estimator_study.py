@@ -7,20 +7,71 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "estimator_variance.py"
 
 
-def test_estimator_study_prints_every_variant():
+def load_script():
     spec = importlib.util.spec_from_file_location("estimator_variance", SCRIPT)
     estimator_variance = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(estimator_variance)  # its variants (the script's main() does not run)
+    spec.loader.exec_module(estimator_variance)  # its functions and variants (the script's main() does not run)
+    return estimator_variance
+
+
+def test_estimator_study_prints_every_variant():
+    estimator_variance = load_script()
     proc = subprocess.run([sys.executable, str(SCRIPT), "--samples", "2", "--reference-samples", "2",
                            "model.d_model=32", "model.n_heads=2", "train.seq_len=64", "train.batch_size=8"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in proc.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| variant")}
+            if line.startswith("| ") and not line.startswith("| variant") and len(line.split("|")) == 8}
     assert set(rows) == set(estimator_variance.VARIANTS)
     assert "draw 0.25" in rows and rows["draw 0.25"][0].strip() == "8 x 1"
     for cells in rows.values():
         assert all(math.isfinite(float(c)) for c in cells[1:])
+    # the split of the advantage into text and draw parts, and the fitted baselines
+    shares = [line for line in proc.stdout.splitlines() if "of which the text part" in line]
+    assert len(shares) == 1
+    r2 = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in proc.stdout.splitlines()
+          if line.startswith("| ") and len(line.split("|")) == 4 and not line.startswith("| baseline")}
+    assert set(r2) == {"past rewards", "future early-exit", "encoder state X_t", "all three"}
+
+
+def test_text_and_draw_shares_on_worked_examples():
+    shares = load_script().text_and_draw_shares
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    text = torch.arange(24.0).view(4, 6) - 11.5
+    assert shares(text.expand(5, 4, 6), mask) == pytest.approx((1.0, 0.0))  # the same in every draw: all text
+    # two draws of +-1 around zero: E[A^2] = 1, the draw variance (unbiased, over 2 draws) is 2 ...
+    flip = torch.stack([torch.ones(4, 6), -torch.ones(4, 6)])
+    text_share, draw_share = shares(flip, mask)
+    assert draw_share == pytest.approx(2.0) and text_share == pytest.approx(-1.0)  # ... and they add up to 1
+    # many draws of text + independent noise of variance 1: shares E[text^2] / (E[text^2] + 1) and 1 / (...)
+    g = torch.Generator().manual_seed(0)
+    noisy = text + torch.randn(4000, 4, 6, generator=g)
+    t2 = text.pow(2).mean().item()
+    text_share, draw_share = shares(noisy, mask)
+    assert text_share == pytest.approx(t2 / (t2 + 1), abs=0.01) and text_share + draw_share == pytest.approx(1.0)
+    # only the masked positions count
+    masked = mask.clone()
+    masked[:, 3:] = False
+    a = flip.clone()
+    a[:, :, :3] = 7.0
+    assert shares(a, masked) == pytest.approx((1.0, 0.0))
+
+
+def test_ridge_r2_fits_on_the_first_half_and_scores_the_second():
+    ridge_r2 = load_script().ridge_r2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 50, 3, generator=g)
+    mask = torch.ones(8, 50, dtype=torch.bool)
+    y = x @ torch.tensor([2.0, -1.0, 0.5]) + 3.0
+    assert ridge_r2(x, y, mask) == pytest.approx(1.0, abs=1e-3)  # exact linear (with intercept): R^2 1
+    noise = torch.randn(8, 50, generator=g)
+    assert ridge_r2(x, noise, mask) < 0.05  # nothing to predict: R^2 near or below 0
+    # a relation that holds only in the second half cannot be learned from the first
+    y2 = torch.where(torch.arange(8)[:, None] < 4, noise, x[..., 0])
+    assert ridge_r2(x, y2, mask) < 0.05
