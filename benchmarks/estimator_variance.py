@@ -56,7 +56,7 @@ from learntok.train.accumulate import baseline_draw, log_likelihoods  # noqa: E4
 from learntok.unet import ByteUNet  # noqa: E402
 from learntok.data.loader import make_data  # noqa: E402
 from learntok.data.batch import concat_batches  # noqa: E402
-from learntok.objectives import batch_centered, discounted_returns  # noqa: E402
+from learntok.objectives import discounted_returns, policy_advantages  # noqa: E402
 
 # every variant changes the paper's estimator, whatever the checkpoint trained with
 PAPER = {"gamma": 0.99, "early_exit_reward": True, "batch_centering": "mean"}
@@ -136,7 +136,7 @@ def advantage_decomposition(model: ByteUNet, batch, generator, draws: int) -> di
             _, _, inp = log_likelihoods(out, batch)
             rewards = (inp.logp - inp.logp_early) * inp.valid
             decide = inp.valid & ~inp.forced
-            advantages.append(batch_centered(discounted_returns(rewards, gamma), decide, "mean"))
+            advantages.append(policy_advantages(rewards, decide, inp.valid, gamma=gamma, centering="mean"))
             if features is None:  # from the first draw: past rewards do not depend on a_t
                 valid = inp.valid.to(rewards.dtype)
                 past = []

@@ -17,6 +17,8 @@ from pathlib import Path
 import matplotlib
 import yaml
 
+from learntok.train.metrics import read_metrics
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -30,7 +32,7 @@ def runs_of(label: str, folder: Path) -> list[dict]:
         if run.get("status") != "ok":
             continue
         run_dir = folder / "runs" / f"{run['strategy']}-seed{run['seed']}"
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_metrics(run_dir / "metrics.jsonl")
         # compare numbers its seeds from 0; a run given train.seed=S keeps S in its config
         seed = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["seed"]
         trend = [(r["flops"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
