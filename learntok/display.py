@@ -94,12 +94,22 @@ class Segmentation:
 
 
 @torch.no_grad()
-def segment(model, text: str | bytes, seed: int = 0, context: int | None = None) -> Segmentation:
-    """Run the model over BOS + text in eval mode and read off its boundaries (sampled with `seed` for
-    stochastic strategies). A text longer than `context` bytes (default: the training sequence length
-    when known, else 4096) is cut into pieces, each read after its own BOS."""
+def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
+            boundaries: str = "sampled") -> Segmentation:
+    """Run the model over BOS + text in eval mode and read off its boundaries: for stochastic strategies
+    sampled with `seed` (`boundaries="sampled"`), or the policy's most likely boundaries,
+    a = [p > 0.5] decided in order (`"threshold"`, as `learntok eval --boundaries threshold`: the
+    segmentation a committed policy has settled on). A text longer than `context` bytes (default: the
+    training sequence length when known, else 4096) is cut into pieces, each read after its own BOS."""
     from .hub import default_context
 
+    if boundaries not in ("sampled", "threshold"):
+        raise ValueError(f"unknown boundaries {boundaries!r}; choose 'sampled' or 'threshold'")
+    strategy = model.boundaries
+    threshold = boundaries == "threshold" and strategy.stochastic
+    if threshold and not strategy.thresholdable:
+        raise ValueError(f"the {strategy.name!r} strategy has no per-byte boundary probability to threshold; "
+                         "use boundaries='sampled'")
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     context = context or default_context(model)
     device = next(model.parameters()).device
@@ -110,7 +120,9 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None)
     try:
         for start in range(0, len(data), context):
             inputs = torch.tensor([[BOS, *data[start:start + context]]], dtype=torch.long, device=device)
-            bnd = model(inputs, generator=gen).boundaries
+            # a constant uniform of 0.5 turns each sampled decision into the threshold p > 0.5
+            uniforms = torch.full(inputs.shape, 0.5, device=device) if threshold else None
+            bnd = model(inputs, generator=gen, uniforms=uniforms).boundaries
             probs += (bnd.probs if bnd.probs is not None else bnd.a.float())[0, 1:].tolist()
             bounds += bnd.a[0, 1:].tolist()
     finally:

@@ -71,6 +71,27 @@ def test_model_segment(model):
     assert len(pieces.probs) == len(seg.data)
 
 
+def test_threshold_segment(model):
+    seg = segment(model, TEXT, boundaries="threshold")
+    assert seg == segment(model, TEXT, seed=7, boundaries="threshold")  # no draw: the seed does not matter
+    # each decision is p > 0.5, its probability computed after the earlier thresholded decisions (lags = 1)
+    assert seg.boundaries == [p > 0.5 for p in seg.probs]
+    assert 0 < seg.boundary_rate < 1
+    sampled = segment(model, TEXT, seed=1)
+    assert sampled.boundaries != [p > 0.5 for p in sampled.probs]  # sampling is not the threshold rule
+    with pytest.raises(ValueError, match="choose 'sampled' or 'threshold'"):
+        segment(model, TEXT, boundaries="quantile")
+
+
+def test_threshold_segment_other_strategies():
+    cfg = tiny_config(name="random")
+    with pytest.raises(ValueError, match="no per-byte boundary probability"):
+        segment(ByteUNet(cfg.model, cfg.boundaries).eval(), TEXT, boundaries="threshold")
+    cfg = tiny_config(name="uniform")  # deterministic: the threshold rule changes nothing
+    fixed = ByteUNet(cfg.model, cfg.boundaries).eval()
+    assert segment(fixed, TEXT, boundaries="threshold") == segment(fixed, TEXT, seed=3)
+
+
 def test_terminal_rendering():
     seg = hand_made()
     assert display.render(seg, colour=False) == "aé |b"
@@ -179,6 +200,10 @@ def test_segment_command(model_dir, tmp_path, capsys):
     assert not _has_matplotlib() or (tmp_path / "o.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="not a learntok model"):
         main(["segment", str(tmp_path), "x"])
+    capsys.readouterr()
+    assert main(["segment", str(model_dir), TEXT, "--json", "--boundaries", "threshold"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["boundaries"] == [p > 0.5 for p in data["probs"]]
 
 
 def _has_matplotlib() -> bool:

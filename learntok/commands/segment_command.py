@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("text", nargs="?", help="the text (default: --file, else standard input)")
     p.add_argument("--file", "-f", metavar="F", help="read the text from this file (UTF-8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled boundaries (default 0)")
+    p.add_argument("--boundaries", choices=("sampled", "threshold"), default="sampled",
+                   help="sampled (default: drawn from the policy with --seed) or threshold (the policy's most "
+                        "likely boundaries, p > 0.5: the segmentation a committed policy has settled on)")
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="bytes per forward pass for long texts (default: the training sequence length)")
     p.add_argument("--html", metavar="OUT.html", help="also write a standalone HTML page")
@@ -63,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
     data = read_text(args.text, args.file)
     model = load(args.model, args.device)
-    seg = display.segment(model, data, seed=args.seed, context=args.context)
+    try:
+        seg = display.segment(model, data, seed=args.seed, context=args.context, boundaries=args.boundaries)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     title = args.title or (f"{Path(args.file).name}: learned tokens" if args.file else "learned tokens")
     if args.html:
         Path(args.html).write_text(display.to_html(seg, title), encoding="utf-8")
