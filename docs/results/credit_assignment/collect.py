@@ -56,9 +56,9 @@ def main() -> None:
     for s in settings:
         rs = [r for r in runs if r["setting"] == s]
         bpb = [r["bpb"] for r in rs]
-        sd = statistics.stdev(bpb) if len(bpb) > 1 else float("nan")
+        sd = f" ± {statistics.stdev(bpb):.3f}" if len(bpb) > 1 else " (one seed)"
         mean = lambda k: statistics.mean(r[k] for r in rs)  # noqa: E731
-        lines.append(f"| {s} | {statistics.mean(bpb):.3f} ± {sd:.3f} | {', '.join(f'{b:.3f}' for b in bpb)} "
+        lines.append(f"| {s} | {statistics.mean(bpb):.3f}{sd} | {', '.join(f'{b:.3f}' for b in bpb)} "
                      f"| {mean('whitespace_precision'):.3f} | {mean('whitespace_recall'):.3f} | {mean('word_f1'):.3f} "
                      f"| {mean('bpe_f1'):.3f} | {mean('mean_token_bytes'):.2f} | {mean('bytes') / 1e6:.2f}M |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
