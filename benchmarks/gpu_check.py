@@ -2,7 +2,7 @@
 each fit in one 10-minute command on one H100/H200, writing one Markdown report and its JSON.
 
     python benchmarks/gpu_check.py --stage tests                                   # environment + CUDA tests (~2 min)
-    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, generation, FSDP2 (~7 min)
+    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, generation, FSDP2 (~4 min)
     python benchmarks/gpu_check.py --stage learn --strategy uniform --data prose.jsonl.gz   # ~5 min
     python benchmarks/gpu_check.py --stage learn --strategy learned --data prose.jsonl.gz   # same FLOPs as uniform's
     python benchmarks/gpu_check.py --data prose.jsonl.gz                           # every stage in order (~25 min)
@@ -13,7 +13,7 @@ Every stage writes `part_<stage>.json` into the report folder (--out, else $OUT,
 one folder give one report, and `--stage report` rebuilds it from parts gathered from several commands.
 A stage that fails records its traceback in the report and the script exits 1; the other stages still run.
 
-The learning stage trains a paper aspect-ratio model (paper_aspect_n4: 23.5M parameters, 4 token-level
+The learning stage trains a paper aspect-ratio model (paper_aspect_n4: 31.9M parameters, 4 token-level
 layers at rate 1/4) at 128 x 4096 bytes per step on a corpus in the FineWeb layout (`--data`: a .jsonl.gz
 with a `text` field, or a directory made by `learntok prepare`; its val split is held out). The uniform
 run's FLOPs budget is what fits in `--learn-seconds` at its measured speed (fixed after the first steps,
@@ -64,6 +64,7 @@ class Sizes:
     model_overrides: tuple = ("train.batch_size=8", "train.micro_batches=1")
     bf16: bool = True
     attention: str = "flex"  # the byte level's kernel in the compiled rows (FlexAttention has no backward on a CPU)
+    big_micro_batch: int = 32  # rows of the larger micro-batch row (about 45 GiB in bf16: fits an H100)
     compile_backend: str = "inductor"
     steps: int = 10
     warmup: int = 5
@@ -93,6 +94,7 @@ class Sizes:
                 "model.n_up_layers=1", "model.window=8", "train.seq_len=128", "train.device=cpu")
         return Sizes(scan=(4, 256, 8), scan_repeats=2, model_config="cpu_default",
                      model_overrides=tiny + ("train.batch_size=2", "train.micro_batches=1"), bf16=False, attention="blocked",
+                     big_micro_batch=4,
                      compile_backend="aot_eager", steps=2, warmup=1, gen_bytes=12, gen_batch=4,
                      fsdp_overrides=tiny + ("train.batch_size=2", "train.training_bytes=512", "train.warmup_bytes=256"),
                      learn_config="cpu_default",
@@ -233,8 +235,9 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
     """Each figure is saved into the report as soon as it is measured (a command stopped at its time limit
     keeps what it measured); a figure that would start after `--stage-seconds` is skipped and says so."""
     out, start = {}, time.perf_counter()
-    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("generation", figure_generation),
-                     ("fsdp", figure_fsdp)):
+    # generation last: compiling its step is the one figure whose time is not known yet
+    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("fsdp", figure_fsdp),
+                     ("generation", figure_generation)):
         if time.perf_counter() - start > args.stage_seconds:
             out[name] = {"skipped": f"not started: the stage's {args.stage_seconds:.0f} s were spent"}
             continue
@@ -247,69 +250,125 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
 def figure_scan(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     from scan import scan_inputs, timed  # benchmarks/scan.py
 
-    from learntok.kernels.scan import scan_boundaries
+    from learntok.kernels.scan import scan_boundaries, scan_triton
     B, T, w = sizes.scan
     cpu_inputs = scan_inputs(B, T, w)
     on_device = [x.to(device) for x in cpu_inputs]
     ms = timed(lambda: scan_boundaries(*on_device), sizes.scan_repeats, device)
-    same = torch.equal(scan_boundaries(*on_device).cpu(), scan_boundaries(*cpu_inputs))
+    on_cpu = scan_boundaries(*cpu_inputs)
+    same = torch.equal(scan_boundaries(*on_device).cpu(), on_cpu)
     result = {"batch": B, "length": T, "lags": w, "kernel": "Triton" if device.type == "cuda" else "numba",
               "ms": ms, "equal_to_cpu_scan": same}
-    if device.type == "cuda":
+    if device.type == "cuda":  # beside it, the GPU scan as one chain of T steps per row
         result["target_ms"] = TARGETS["scan_ms"]
-    say(f"scan {B} x {T}, w = {w}: {ms:.3f} ms ({result['kernel']}); equal to the CPU scan: {same}")
+        result["chain_ms"] = timed(lambda: scan_triton(*on_device, chunk=None), sizes.scan_repeats, device)
+        result["chain_equal_to_cpu_scan"] = torch.equal(scan_triton(*on_device, chunk=None).cpu(), on_cpu)
+    say(f"scan {B} x {T}, w = {w}: {ms:.3f} ms ({result['kernel']}); equal to the CPU scan: {same}"
+        + (f"; one chain per row: {result['chain_ms']:.3f} ms" if "chain_ms" in result else ""))
     return result
 
 
 def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
-    """Learned and uniform with compiled stacks side by side (steps interleaved), and the two attention
-    kernels of the byte level (FlexAttention, and blocks of PyTorch SDPA) with eager stacks."""
+    """Compiled stacks throughout, steps interleaved: learned and uniform side by side, the byte level's two
+    attention kernels (FlexAttention, blocks of PyTorch SDPA), and a larger micro-batch (does a bigger
+    batch per kernel launch raise MFU?). Where a target is missed: a kernel profile of learned and uniform,
+    the share of the step the GPU is busy, the kernels that learned adds, and the host syncs per step."""
     import throughput as tp  # benchmarks/throughput.py
 
     from learntok.config import load_config
 
-    def run(strategy: str, attention: str, compiled: bool):
+    def run(strategy: str, attention: str, extra: tuple):
         cfg = load_config(sizes.model_config, [*sizes.model_overrides, f"boundaries.name={strategy}",
-                                               f"model.attention={attention}"])
-        return tp.Run(cfg, device, sizes.bf16, compiled, compile_backend=sizes.compile_backend)
+                                               f"model.attention={attention}", *extra])
+        return tp.Run(cfg, device, sizes.bf16, True, compile_backend=sizes.compile_backend)
 
-    fast = sizes.attention
-    specs = [(f"learned, compiled, {fast}", "learned", fast, True), (f"uniform, compiled, {fast}", "uniform", fast, True),
-             (f"learned, eager, {fast}", "learned", fast, False), ("learned, eager, blocked SDPA", "learned", "blocked", False)]
-    runs = [run(*spec[1:]) for spec in specs]
-    cfg = load_config(sizes.model_config, list(sizes.model_overrides))
-    n_params = sum(p.numel() for p in runs[0].model.parameters())
+    fast, big = sizes.attention, sizes.big_micro_batch
     peak = peak_tflops(device, args.peak_tflops)
     rows = []
-    for (name, *_), r in zip(specs, tp.measure(runs, sizes.steps, sizes.warmup)):
-        r["mfu"] = r["flops_s"] / 1e12 / peak if peak else None
-        rows.append({"run": name, **r})
-        mfu = f"{r['mfu']:.1%}" if peak else "n/a"
-        say(f"{name}: {r['step_s'] * 1e3:.1f} ms/step, {r['bytes_s']:,.0f} bytes/s, {r['flops_s'] / 1e12:.2f} TFLOP/s, "
-            f"MFU {mfu}, peak {r['peak_gib']:.2f} GiB")
+
+    def measure(specs: list, runs: list) -> None:
+        for (name, *_), r, tr in zip(specs, tp.measure(runs, sizes.steps, sizes.warmup), runs):
+            r["mfu"] = r["flops_s"] / 1e12 / peak if peak else None
+            rows.append({"run": name, "micro_batch": tr.batch.inputs.shape[0], **r})
+            mfu = f"{r['mfu']:.1%}" if peak else "n/a"
+            say(f"{name}: {r['step_s'] * 1e3:.1f} ms/step, {r['bytes_s']:,.0f} bytes/s, "
+                f"{r['flops_s'] / 1e12:.2f} TFLOP/s, MFU {mfu}, peak {r['peak_gib']:.2f} GiB")
+
+    specs = [(f"learned, {fast}", "learned", fast, ()), (f"uniform, {fast}", "uniform", fast, ()),
+             ("learned, blocked SDPA", "learned", "blocked", ())]
+    runs = [run(*spec[1:]) for spec in specs]
+    measure(specs, runs)
+    cfg = load_config(sizes.model_config, list(sizes.model_overrides))
+    n_params = sum(p.numel() for p in runs[0].model.parameters())
     ratio = rows[0]["step_s"] / rows[1]["step_s"]
     result = {"config": sizes.model_config, "overrides": list(sizes.model_overrides), "parameters": n_params,
               "batch": [cfg.train.batch_size, cfg.train.seq_len], "precision": "bf16" if sizes.bf16 else "fp32",
               "compile_backend": sizes.compile_backend, "steps": sizes.steps, "warmup": sizes.warmup,
               "peak_tflops": peak, "rows": rows, "learned_over_uniform": ratio,
-              "flex_over_sdpa_bytes_s": rows[2]["bytes_s"] / rows[3]["bytes_s"]}
-    say(f"learned / uniform step time (compiled): {ratio:.3f}; flex / blocked SDPA bytes/s (eager): "
-        f"{result['flex_over_sdpa_bytes_s']:.2f}")
+              "flex_over_sdpa_bytes_s": rows[0]["bytes_s"] / rows[2]["bytes_s"]}
+    say(f"learned / uniform step time: {ratio:.3f}; flex / blocked SDPA bytes/s: {result['flex_over_sdpa_bytes_s']:.2f}")
     missed = device.type == "cuda" and (ratio > TARGETS["learned_over_uniform"] or (rows[0]["mfu"] or 0) < TARGETS["mfu"])
-    if missed or args.dry_run:  # where the time goes (the dry run builds the table too, to test this line)
-        result["profile"] = profile_table(runs[0], device)
+    if missed or args.dry_run:  # where the time goes (the dry run builds the tables too, to test these lines)
+        learned, uniform = (profile_steps(r, row["step_s"], device) for r, row in zip(runs[:2], rows[:2]))
+        result["profile"] = learned.pop("table")
+        result["device_busy"] = {"learned": learned["device_busy"], "uniform": uniform["device_busy"]}
+        result["learned_extra_kernels"] = kernel_difference(learned["kernel_ms"], uniform["kernel_ms"])
+        result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
         say(result["profile"])
+        say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
+    # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
+    del runs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    big_spec = (f"learned, {fast}, {big} rows", "learned", fast, (f"train.batch_size={big}",))
+    try:
+        measure([big_spec], [run(*big_spec[1:])])
+    except Exception:  # noqa: BLE001 - recorded in the report
+        result["error"] = f"{big_spec[0]}:\n{traceback.format_exc()}"
     return result
 
 
-def profile_table(run, device: torch.device, steps: int = 3) -> str:
+def profile_steps(run, step_s: float, device: torch.device, steps: int = 3) -> dict:
+    """torch.profiler over `steps` steps: the top operations and kernels by self time (table), each kernel's
+    milliseconds per step, and the GPU's busy share of an unprofiled step (kernel time / median step
+    time; well under 1 means the host, launching kernels or waiting on a sync, sets the pace)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
             run.step(timed=False)
+    averages = prof.key_averages()
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60)
+    kernel_ms = {e.key: e.self_device_time_total / 1e3 / steps for e in averages if e.device_type == DeviceType.CUDA}
+    return {"table": averages.table(sort_by=key, row_limit=15, max_name_column_width=60), "kernel_ms": kernel_ms,
+            "device_busy": sum(kernel_ms.values()) / 1e3 / step_s if kernel_ms else None}
+
+
+def kernel_difference(learned: dict, uniform: dict, top: int = 10) -> list:
+    """The kernels whose time per step grows most from uniform to learned: [name, learned ms, uniform ms]."""
+    names = sorted(set(learned) | set(uniform), key=lambda k: uniform.get(k, 0) - learned.get(k, 0))
+    return [[k, learned.get(k, 0.0), uniform.get(k, 0.0)] for k in names[:top]]
+
+
+def host_syncs(run, device: torch.device) -> dict | None:
+    """The host-device synchronisations in one training step (each stalls the host until the GPU catches
+    up), counted with CUDA's sync debug mode, and the Python lines that cause the most."""
+    if device.type != "cuda":
+        return None
+    import collections
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run.work()  # not run.step: its own synchronize calls are the timer's
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+    return {"count": len(syncs), "where": where.most_common(5)}
 
 
 def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
@@ -333,16 +392,23 @@ def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> d
         return g, time.perf_counter() - start
 
     n, rows = sizes.gen_bytes, sizes.gen_batch
+    prompts = [f"The{chr(33 + i % 90)}" for i in range(rows)]
     cached, t_cached = timed_generation(n)
     full, t_full = timed_generation(n, use_cache=False, pad_uncached=False)
-    _, t_batch = timed_generation(n, prompt=[f"The{chr(33 + i % 90)}" for i in range(rows)])
+    _, t_batch = timed_generation(n, prompt=prompts)
+    compiled, t_compiled = timed_generation(n, compile=True)  # `learntok generate --compile`
+    _, t_batch_compiled = timed_generation(n, prompt=prompts, compile=True)
     same = cached.data == full.data and cached.boundaries == full.boundaries
     result = {"config": sizes.model_config, "bytes": n, "batch": 1, "precision": "fp32",
               "cached_bytes_s": n / t_cached, "full_forward_bytes_s": n / t_full, "speedup": t_full / t_cached,
-              "batched_rows": rows, "batched_bytes_s": rows * n / t_batch, "same_bytes_and_boundaries": same}
+              "batched_rows": rows, "batched_bytes_s": rows * n / t_batch, "same_bytes_and_boundaries": same,
+              "compiled_bytes_s": n / t_compiled, "compiled_batched_bytes_s": rows * n / t_batch_compiled,
+              # logits within 1e-4 of the plain step's: a draw at a knife edge may still differ on a GPU
+              "compiled_same_bytes": compiled.data == cached.data}
     say(f"generation, {n} bytes: cached {n / t_cached:,.1f} bytes/s, full forward per byte {n / t_full:,.1f} bytes/s "
         f"({t_full / t_cached:.1f}x), {rows} rows at once {rows * n / t_batch:,.1f} bytes/s in all; "
-        f"same bytes and boundaries: {same}")
+        f"same bytes and boundaries: {same}; compiled step {n / t_compiled:,.1f} bytes/s, {rows} rows at once "
+        f"{rows * n / t_batch_compiled:,.1f} bytes/s in all")
     if not same:
         result["error"] = "cached generation differs from a full forward pass per byte"
     return result
@@ -535,33 +601,49 @@ def render_figures(fig: dict) -> list[str]:
     scan = fig.get("scan", {})
     if "ms" in scan:
         target = f"; target <= {scan['target_ms']} ms: {verdict(scan['ms'], scan['target_ms'])}" if "target_ms" in scan else ""
+        chain = (f". The same scan as one chain of {scan['length']} steps per row: {scan['chain_ms']:.3f} ms, equal bit "
+                 f"for bit: {scan['chain_equal_to_cpu_scan']}" if "chain_ms" in scan else "")
         out += [f"**Boundary scan** {scan['batch']} x {scan['length']}, w = {scan['lags']} ({scan['kernel']}): "
-                f"{scan['ms']:.3f} ms{target}; equal to the CPU scan bit for bit: {scan['equal_to_cpu_scan']}", ""]
+                f"{scan['ms']:.3f} ms{target}; equal to the CPU scan bit for bit: {scan['equal_to_cpu_scan']}{chain}", ""]
     tp = fig.get("throughput", {})
     if "rows" in tp:
         out += [f"**Training step**, {tp['config']} ({tp['parameters'] / 1e6:.1f}M parameters), one micro-batch of "
                 f"{tp['batch'][0]} x {tp['batch'][1]} bytes, {tp['precision']}, compile backend {tp['compile_backend']}, "
                 f"median of {tp['steps']} steps after {tp['warmup']} (steps interleaved), MFU against "
                 f"{fmt(tp['peak_tflops'], '.0f')} TFLOP/s:", "",
-                "| run | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | its peak memory (GiB) |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| run (compiled) | rows | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | its peak memory (GiB) |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for r in tp["rows"]:
-            out.append(f"| {r['run']} | {r['step_s'] * 1e3:.1f} | {r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | "
-                       f"{r['padding']:.3f} | {r['flops_s'] / 1e12:.2f} | {fmt(r['mfu'], '.1%')} | {r['peak_gib']:.2f} |")
+            out.append(f"| {r['run']} | {r.get('micro_batch', tp['batch'][0])} | {r['step_s'] * 1e3:.1f} | "
+                       f"{r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | {r['padding']:.3f} | {r['flops_s'] / 1e12:.2f} | "
+                       f"{fmt(r['mfu'], '.1%')} | {r['peak_gib']:.2f} |")
         mfu = tp["rows"][0]["mfu"]
-        out += ["", f"learned / uniform step time (compiled): {tp['learned_over_uniform']:.3f} (target <= "
+        out += ["", f"learned / uniform step time: {tp['learned_over_uniform']:.3f} (target <= "
                 f"{TARGETS['learned_over_uniform']}: {verdict(tp['learned_over_uniform'], TARGETS['learned_over_uniform'])}); "
                 f"MFU {fmt(mfu, '.1%')} (target >= {TARGETS['mfu']:.0%}: {verdict(mfu, TARGETS['mfu'], True)}); "
-                f"FlexAttention / blocked SDPA bytes/s (eager stacks): {tp['flex_over_sdpa_bytes_s']:.2f}x", ""]
+                f"FlexAttention / blocked SDPA bytes/s: {tp['flex_over_sdpa_bytes_s']:.2f}x", ""]
+        busy, syncs = tp.get("device_busy") or {}, tp.get("host_syncs") or {}
+        if any(v is not None for v in busy.values()):
+            where = {k: ", ".join(f"{w} x{n}" for w, n in v["where"]) for k, v in syncs.items() if v}
+            out += [f"GPU busy (kernel time / step time): learned {fmt(busy['learned'], '.0%')}, uniform "
+                    f"{fmt(busy['uniform'], '.0%')}. Host syncs per step: "
+                    + "; ".join(f"{k} {v['count']} ({where[k] or 'none'})" for k, v in syncs.items() if v), ""]
+        if tp.get("learned_extra_kernels"):
+            out += ["Kernels that grow most from uniform to learned (ms per step):", "",
+                    "| kernel | learned | uniform |", "|---|---|---|"]
+            out += [f"| {k[:80]} | {a:.3f} | {b:.3f} |" for k, a, b in tp["learned_extra_kernels"]] + [""]
         if tp.get("profile"):
-            out += ["Where the time goes (learned, compiled; torch.profiler, 3 steps, top 15 by self time):", "",
+            out += ["Where the time goes (learned; torch.profiler, 3 steps, top 15 by self time):", "",
                     "```", tp["profile"], "```", ""]
     gen = fig.get("generation", {})
     if "cached_bytes_s" in gen:
         out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "
                 f"{gen['cached_bytes_s']:,.1f} bytes/s, a full forward pass per byte {gen['full_forward_bytes_s']:,.1f} bytes/s "
                 f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {gen['batched_bytes_s']:,.1f} bytes/s in all; "
-                f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
+                f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}"
+                + (f". Compiled step (`generate(compile=True)`): {gen['compiled_bytes_s']:,.1f} bytes/s, "
+                   f"{gen['batched_rows']} prompts at once {gen['compiled_batched_bytes_s']:,.1f} bytes/s in all; "
+                   f"the same bytes as the plain step: {gen['compiled_same_bytes']}" if "compiled_bytes_s" in gen else ""), ""]
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
         steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))
@@ -638,13 +720,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes.learn_seconds = args.learn_seconds
     out_dir = Path(args.out or os.environ.get("OUT") or "gpu_check")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.stage == "report":  # rebuilt from the part_*.json files in the folder: no device needed
+        say(f"report: {write_report(out_dir)}")
+        return 0
     device = torch.device("cpu" if args.dry_run else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         say("no CUDA device: use --dry-run to run every stage on a CPU with tiny sizes")
         return 2
-    if args.stage == "report":
-        say(f"report: {write_report(out_dir)}")
-        return 0
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": device_name(device), "commit": commit(), "dry_run": args.dry_run,
             "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}

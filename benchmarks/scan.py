@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learntok.kernels.scan import scan_boundaries, scan_reference, thresholds_from_uniforms  # noqa: E402
+from learntok.kernels.scan import scan_boundaries, scan_reference, scan_triton, thresholds_from_uniforms  # noqa: E402
 
 
 def timed(fn, repeats, device):
@@ -55,8 +55,11 @@ def main():
     print(f"scan {B} x {T}, w = {w}, {where}")
     print(f"  compiled ({kernel}): {timed(lambda: scan_boundaries(*fast), args.repeats, device):.3f} ms")
     if device.type == "cuda":
-        same = torch.equal(scan_boundaries(*fast).cpu(), scan_boundaries(base, lag, thr))
-        print(f"  equal to the CPU scan bit for bit: {same}")
+        on_cpu = scan_boundaries(base, lag, thr)
+        print(f"  equal to the CPU scan bit for bit: {torch.equal(scan_boundaries(*fast).cpu(), on_cpu)}")
+        chain = lambda: scan_triton(*fast, chunk=None)  # noqa: E731
+        print(f"  one chain of {T} steps per row (Triton): {timed(chain, args.repeats, device):.3f} ms, "
+              f"equal: {torch.equal(chain().cpu(), on_cpu)}")
     if args.reference:
         small = 4
         ms = timed(lambda: scan_reference(base[:small], lag[:small], thr[:small]), 1, torch.device("cpu")) * B / small

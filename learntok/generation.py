@@ -244,9 +244,10 @@ class CachedRows:
         raise IndexError(f"no row {row}")
 
 
-# Inductor settings of the compiled step: the weights become constants (the small matrix products are then
-# generated for their shapes), and the graph is called from C++ rather than Python
-_STEP_INDUCTOR = {"freezing": True, "cpp_wrapper": True, "max_autotune": True}
+# Inductor settings of the compiled step: the weights become constants (on a CPU the small matrix products
+# are then generated for their shapes: max_autotune), and the graph is called from C++ rather than Python.
+# On a GPU, autotuning every matrix product of a large model would take minutes to compile; cuBLAS serves.
+_STEP_INDUCTOR = {"freezing": True, "cpp_wrapper": True}
 _compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(B, threads): CompiledStep}
 
 
@@ -272,7 +273,9 @@ class CompiledStep:
         # no inner frame with graphs of its own)
         self.fn = torch.compile(_own_copy(_step), fullgraph=True,
                                 options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
-        self.settings = torch._inductor.config.patch(_STEP_INDUCTOR)  # read while compiling, at the first call
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        # read while compiling, at the first call
+        self.settings = torch._inductor.config.patch({**_STEP_INDUCTOR, "max_autotune": on_cpu})
 
     def __call__(self, byte: torch.Tensor, cache, uniforms: torch.Tensor):
         """`model.step(byte, cache, uniforms=uniforms)`: byte and uniforms (B,)."""

@@ -29,9 +29,16 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert all(b["admits"] in (True, None) for b in bounds.values()), bounds  # this machine installed from them
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
-    assert [r["run"] for r in figures["throughput"]["rows"]][:2] == ["learned, compiled, blocked", "uniform, compiled, blocked"]
-    assert "aten::" in figures["throughput"]["profile"]  # the profiler table a missed target gets
-    assert figures["generation"]["same_bytes_and_boundaries"] is True and figures["generation"]["batched_bytes_s"] > 0
+    throughput = figures["throughput"]
+    assert [(r["run"], r["micro_batch"]) for r in throughput["rows"]] == [
+        ("learned, blocked", 2), ("uniform, blocked", 2), ("learned, blocked SDPA", 2), ("learned, blocked, 4 rows", 4)]
+    assert "aten::" in throughput["profile"]  # the profiler table a missed target gets
+    # no CUDA kernels or syncs to count on a CPU: said as such, not as zeros
+    assert throughput["device_busy"] == {"learned": None, "uniform": None} and throughput["learned_extra_kernels"] == []
+    assert throughput["host_syncs"] == {"learned": None, "uniform": None}
+    generation = figures["generation"]
+    assert generation["same_bytes_and_boundaries"] is True and generation["batched_bytes_s"] > 0
+    assert generation["compiled_bytes_s"] > 0 and generation["compiled_batched_bytes_s"] > 0
     assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
     uniform, learned = parts["learn_uniform"]["result"], parts["learn_learned"]["result"]
     # the learned run stops at the first step that reaches the uniform run's FLOPs
@@ -45,6 +52,13 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
         assert heading in report
     assert "## Failures" not in report
+    # the report rebuilt from its parts alone, as from parts gathered from several commands: no device needed
+    (tmp_path / "report.md").unlink()
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    rebuilt = subprocess.run([sys.executable, str(SCRIPT), "--stage", "report", "--out", str(tmp_path)], cwd=ROOT,
+                             capture_output=True, text=True, env=env)
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert (tmp_path / "report.md").read_text() == report
 
 
 def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_path):

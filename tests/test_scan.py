@@ -29,17 +29,45 @@ def test_compiled_scan_equals_reference_bit_for_bit(w):
     assert fast[:, 0].all() and not fast[1, 250:].any()
 
 
-@pytest.mark.parametrize("w", [1, 3, 8])
-def test_triton_scan_equals_reference_bit_for_bit(w, monkeypatch):
-    """The GPU kernel, run by Triton's interpreter on the CPU: the same decisions as the reference,
-    with rows split across programs unevenly (5 rows, 2 per program)."""
+@pytest.mark.parametrize("chunk", [16, None])
+@pytest.mark.parametrize("w", [1, 3, 8, 10])
+def test_triton_scan_equals_reference_bit_for_bit(w, chunk, monkeypatch):
+    """The GPU kernels, run by Triton's interpreter on the CPU: the same decisions as the reference, in
+    chunks (120 positions: seven chunks of 16 and a short one, each chunk's start history looked up from
+    the one before) and as one chain per row, with lanes split across programs unevenly (2 per program).
+    w = 10 has too many histories to chunk and runs as chains either way."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     base, lag, threshold = scan_problem(w, B=5, T=120)
-    fast = scan_module.scan_triton(base, lag, threshold, block_rows=2)
+    fast = scan_module.scan_triton(base, lag, threshold, chunk=chunk, block=2)
     ref = scan_reference(base, lag, threshold)
     assert fast.dtype == torch.bool and torch.equal(fast, ref)
     assert 0 < ref.float().mean() < 0.9  # the problem has both decisions
+
+
+def test_triton_scan_kernels_compile_for_hopper():
+    """The kernels compiled for an H100/H200 (sm_90) by Triton's own compiler, no GPU needed: the
+    interpreter above checks what they compute, this that the GPU build accepts them."""
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.backends.nvidia")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    run_chunks, chunk_starts = scan_module._triton_scan_kernels()
+    pointers = {"base_ptr": "*fp32", "lag_ptr": "*fp32", "thr_ptr": "*fp32"}
+    sizes = {"T": "i32", "n_chunks": "i32", "chunk": "i32", "n_lanes": "i32"}
+    flags = {"W": "constexpr", "HISTORY_MASK": "constexpr", "ENDS": "constexpr", "BLOCK": "constexpr"}
+    builds = [
+        (run_chunks, {**pointers, "start_ptr": "constexpr", "out_ptr": "*i64", **sizes, **flags},
+         {"start_ptr": None, "W": 8, "HISTORY_MASK": 255, "ENDS": True, "BLOCK": 256}),
+        (run_chunks, {**pointers, "start_ptr": "*i64", "out_ptr": "*i8", **sizes, **flags},
+         {"W": 8, "HISTORY_MASK": 255, "ENDS": False, "BLOCK": 32}),
+        (chunk_starts, {"end_ptr": "*i64", "start_ptr": "*i64", "B": "i32", "n_chunks": "i32",
+                        "HISTORIES": "constexpr", "BLOCK": "constexpr"}, {"HISTORIES": 256, "BLOCK": 32}),
+    ]
+    for kernel, signature, constants in builds:
+        compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+        assert len(compiled.asm["cubin"]) > 0
 
 
 def test_scan_traces_under_torch_compile():

@@ -14,9 +14,9 @@ ones (padding) +inf: the scan sees the executed history, not a sampled value tha
 (a pitfall of the authors' code, DESIGN.md §5).
 
 On CPU the scan is a numba-compiled loop, parallel over the batch (B=128, N=4096, w=8 in a few ms on
-2 cores, against ~200 ms for a Python loop). On a GPU it is a Triton kernel, one lane per row, doing the
-same additions in the same order (adding 0.0 for an absent lag is exact), so it equals the reference bit
-for bit too; the tests run it in Triton's CPU interpreter. `scan_reference` is the plain version kept
+2 cores, against ~200 ms for a Python loop). On a GPU it is Triton kernels that split each row into
+chunks (`_triton_scan_kernels`) doing the same additions in the same order (adding 0.0 for an absent lag
+is exact), so they equal the reference bit for bit too; the tests run them in Triton's CPU interpreter. `scan_reference` is the plain version kept
 for tests. `scan_boundaries` is registered as the custom op `learntok::boundary_scan`, so that
 torch.compile treats the scan as one opaque call instead of failing to trace numba or Triton launches.
 """
@@ -89,8 +89,27 @@ def _scan_numba_impl(base, lag, thr, a):  # pragma: no cover - compiled
 _compiled = None
 _triton_kernels: dict = {}  # built lazily: Triton decides at definition time whether to interpret
 
+# The GPU scan runs in chunks when the history has few states: 2^w histories per chunk (w <= 8: 256).
+CHUNKED_MAX_LAGS = 8
+CHUNK = 64  # positions per chunk: about sqrt(T) at T = 4096 balances the chunk passes against the chain
 
-def _triton_kernel():
+
+def _triton_scan_kernels():
+    """The two kernels of the GPU scan. A row's decisions form a chain of T dependent steps, and a GPU
+    runs one step of one row no faster than its memory answers (0.4-1 us per step on an H200 with one
+    chain per row), so T = 4096 steps cost milliseconds however many rows run beside them. The chunked
+    scan shortens the chain: what carries a chunk's past into it is the last w decisions, one of 2^w
+    histories, so
+
+      1. `run_chunks(ENDS=True)`: for every chunk and every history it may start from, run the chunk's
+         steps and keep the history it ends with (rows x chunks x 2^w lanes, CHUNK steps each);
+      2. `chunk_starts`: per row, follow the chunks in order, each chunk's start history being the end
+         looked up for the one before from its own start (one lookup per chunk);
+      3. `run_chunks(ENDS=False)`: run each chunk from its true start history, writing its decisions.
+
+    Each decision is the same float32 additions in the same order as in `scan_reference` (adding 0.0 for
+    an absent lag is exact), so the result equals it bit for bit. Step 3 alone, with one chunk per row,
+    is the plain chain, used where 2^w histories are too many (w > 8)."""
     import triton
     import triton.language as tl
 
@@ -99,35 +118,74 @@ def _triton_kernel():
         return _triton_kernels[interpret]
 
     @triton.jit
-    def boundary_scan_kernel(base_ptr, lag_ptr, thr_ptr, out_ptr, B, T,
-                             W: tl.constexpr, HISTORY_MASK: tl.constexpr, BLOCK_B: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-        live = rows < B
-        row_start = rows.to(tl.int64) * T
-        history = rows.to(tl.int64) * 0  # bit j-1 holds a_{i-j}, as in the numba scan
-        for i in range(T):
-            at = row_start + i
-            acc = tl.load(base_ptr + at, mask=live, other=0.0)
-            for j in tl.static_range(W):
-                lag_j = tl.load(lag_ptr + at * W + j, mask=live, other=0.0)
+    def run_chunks(base_ptr, lag_ptr, thr_ptr, start_ptr, out_ptr, T, n_chunks, chunk, n_lanes,
+                   W: tl.constexpr, HISTORY_MASK: tl.constexpr, ENDS: tl.constexpr, BLOCK: tl.constexpr):
+        """Each lane runs the steps of one chunk of one row. ENDS: lane (row * n_chunks + k) * 2^w + h
+        starts from history h and stores the history it ends with; else lane row * n_chunks + k starts
+        from start[lane] and stores its decisions."""
+        lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = lanes < n_lanes
+        if ENDS:
+            pair = lanes // (HISTORY_MASK + 1)
+            history = (lanes % (HISTORY_MASK + 1)).to(tl.int64)
+        else:
+            pair = lanes
+            history = tl.load(start_ptr + lanes, mask=live, other=0)
+        row, k = pair // n_chunks, pair % n_chunks
+        for c in range(chunk):
+            i = k * chunk + c
+            inside = live & (i < T)  # the last chunk may be short
+            at = row.to(tl.int64) * T + i
+            acc = tl.load(base_ptr + at, mask=inside, other=0.0)
+            for j in tl.static_range(W):  # bit j of the history holds a_{i-j-1}
+                lag_j = tl.load(lag_ptr + at * W + j, mask=inside, other=0.0)
                 acc = acc + tl.where(((history >> j) & 1) != 0, lag_j, 0.0)
-            decision = acc > tl.load(thr_ptr + at, mask=live, other=float("inf"))
-            tl.store(out_ptr + at, decision.to(tl.int8), mask=live)
-            history = ((history << 1) | decision.to(tl.int64)) & HISTORY_MASK
+            decision = acc > tl.load(thr_ptr + at, mask=inside, other=float("inf"))
+            if not ENDS:
+                tl.store(out_ptr + at, decision.to(tl.int8), mask=inside)
+            history = tl.where(inside, ((history << 1) | decision.to(tl.int64)) & HISTORY_MASK, history)
+        if ENDS:
+            tl.store(out_ptr + lanes, history, mask=live)
 
-    _triton_kernels[interpret] = boundary_scan_kernel
-    return boundary_scan_kernel
+    @triton.jit
+    def chunk_starts(end_ptr, start_ptr, B, n_chunks, HISTORIES: tl.constexpr, BLOCK: tl.constexpr):
+        """Per row, the true history at the start of each chunk: the end of the last one, looked up."""
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = rows < B
+        history = rows.to(tl.int64) * 0  # no decisions before a row's first position
+        for k in range(n_chunks):
+            at = rows.to(tl.int64) * n_chunks + k
+            tl.store(start_ptr + at, history, mask=live)
+            history = tl.load(end_ptr + at * HISTORIES + history, mask=live, other=0)
+
+    _triton_kernels[interpret] = (run_chunks, chunk_starts)
+    return _triton_kernels[interpret]
 
 
-def scan_triton(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor, block_rows: int = 32) -> torch.Tensor:
-    """The scan as a Triton kernel (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Same contract
-    as `scan_reference`: float32 inputs."""
+def scan_triton(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor, chunk: int | None = CHUNK,
+                block: int = 32) -> torch.Tensor:
+    """The scan as Triton kernels (CUDA tensors; CPU tensors under TRITON_INTERPRET=1). Same contract as
+    `scan_reference`: float32 inputs. `chunk=None` (and any w > 8) runs each row as one chain."""
     B, T = base.shape
     w = lag.shape[-1]
+    run_chunks, chunk_starts = _triton_scan_kernels()
+    base, lag, threshold = base.contiguous(), lag.contiguous(), threshold.contiguous()
+    mask = (1 << w) - 1
+    if chunk is None or w > CHUNKED_MAX_LAGS or T <= chunk:
+        chunk, n_chunks = T, 1
+        start = torch.zeros(B, dtype=torch.int64, device=base.device)
+    else:
+        n_chunks = -(-T // chunk)
+        ends = torch.empty((B, n_chunks, mask + 1), dtype=torch.int64, device=base.device)
+        lanes_per_program = max(mask + 1, block)
+        run_chunks[(-(-ends.numel() // lanes_per_program),)](base, lag, threshold, None, ends, T, n_chunks, chunk,
+                                                             ends.numel(), W=w, HISTORY_MASK=mask, ENDS=True,
+                                                             BLOCK=lanes_per_program)
+        start = torch.empty((B, n_chunks), dtype=torch.int64, device=base.device)
+        chunk_starts[(-(-B // block),)](ends, start, B, n_chunks, HISTORIES=mask + 1, BLOCK=block)
     out = torch.empty((B, T), dtype=torch.int8, device=base.device)
-    grid = (-(-B // block_rows),)
-    _triton_kernel()[grid](base.contiguous(), lag.contiguous(), threshold.contiguous(), out,
-                           B, T, W=w, HISTORY_MASK=(1 << w) - 1, BLOCK_B=block_rows)
+    run_chunks[(-(-B * n_chunks // block),)](base, lag, threshold, start, out, T, n_chunks, chunk, B * n_chunks,
+                                             W=w, HISTORY_MASK=mask, ENDS=False, BLOCK=block)
     return out.bool()
 
 
