@@ -306,7 +306,8 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
               "compile_backend": sizes.compile_backend, "steps": sizes.steps, "warmup": sizes.warmup,
               "peak_tflops": peak, "rows": rows, "learned_over_uniform": ratio,
               "flex_over_sdpa_bytes_s": rows[0]["bytes_s"] / rows[2]["bytes_s"]}
-    say(f"learned / uniform step time: {ratio:.3f}; flex / blocked SDPA bytes/s: {result['flex_over_sdpa_bytes_s']:.2f}")
+    say(f"learned / uniform step time: {ratio:.3f}; "
+        f"flex / blocked SDPA bytes/s: {result['flex_over_sdpa_bytes_s']:.2f}")
     missed = device.type == "cuda" and (ratio > TARGETS["learned_over_uniform"] or (rows[0]["mfu"] or 0) < TARGETS["mfu"])
     if missed or args.dry_run:  # where the time goes (the dry run builds the tables too, to test these lines)
         learned, uniform = (profile_steps(r, row["step_s"], device) for r, row in zip(runs[:2], rows[:2]))
@@ -482,9 +483,10 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                              f"into {out_dir}, or give --flops")
         flops = json.loads(uniform_part.read_text())["result"]["flops"]
     data_dir = prepared_data(args, work)
-    overrides = [*sizes.learn_overrides, *(sizes.learned_overrides if strategy == "learned" else ()),
-                 f"data.source={data_dir}", f"boundaries.name={strategy}", "train.eval_every=0",
-                 "train.checkpoint_every=0", "train.tensorboard=false", "train.log_every=10", "train.training_bytes=1e15"]
+    overrides = [*sizes.learn_overrides, *args.learn_override,
+                 *(sizes.learned_overrides if strategy == "learned" else ()), f"data.source={data_dir}",
+                 f"boundaries.name={strategy}", "train.eval_every=0", "train.checkpoint_every=0", "train.tensorboard=false",
+                 "train.log_every=10", "train.training_bytes=1e15"]
     cfg = load_config(sizes.learn_config, overrides)
     data = make_data(cfg)
     run_dir = work / f"learn_{strategy}"
@@ -601,8 +603,8 @@ def render_figures(fig: dict) -> list[str]:
     scan = fig.get("scan", {})
     if "ms" in scan:
         target = f"; target <= {scan['target_ms']} ms: {verdict(scan['ms'], scan['target_ms'])}" if "target_ms" in scan else ""
-        chain = (f". The same scan as one chain of {scan['length']} steps per row: {scan['chain_ms']:.3f} ms, equal bit "
-                 f"for bit: {scan['chain_equal_to_cpu_scan']}" if "chain_ms" in scan else "")
+        chain = (f". The same scan as one chain of {scan['length']} steps per row: {scan['chain_ms']:.3f} ms, "
+                 f"equal bit for bit: {scan['chain_equal_to_cpu_scan']}" if "chain_ms" in scan else "")
         out += [f"**Boundary scan** {scan['batch']} x {scan['length']}, w = {scan['lags']} ({scan['kernel']}): "
                 f"{scan['ms']:.3f} ms{target}; equal to the CPU scan bit for bit: {scan['equal_to_cpu_scan']}{chain}", ""]
     tp = fig.get("throughput", {})
@@ -611,7 +613,8 @@ def render_figures(fig: dict) -> list[str]:
                 f"{tp['batch'][0]} x {tp['batch'][1]} bytes, {tp['precision']}, compile backend {tp['compile_backend']}, "
                 f"median of {tp['steps']} steps after {tp['warmup']} (steps interleaved), MFU against "
                 f"{fmt(tp['peak_tflops'], '.0f')} TFLOP/s:", "",
-                "| run (compiled) | rows | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | its peak memory (GiB) |",
+                "| run (compiled) | rows | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU "
+                "| its peak memory (GiB) |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in tp["rows"]:
             out.append(f"| {r['run']} | {r.get('micro_batch', tp['batch'][0])} | {r['step_s'] * 1e3:.1f} | "
@@ -643,7 +646,8 @@ def render_figures(fig: dict) -> list[str]:
                 f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}"
                 + (f". Compiled step (`generate(compile=True)`): {gen['compiled_bytes_s']:,.1f} bytes/s, "
                    f"{gen['batched_rows']} prompts at once {gen['compiled_batched_bytes_s']:,.1f} bytes/s in all; "
-                   f"the same bytes as the plain step: {gen['compiled_same_bytes']}" if "compiled_bytes_s" in gen else ""), ""]
+                   f"the same bytes as the plain step: {gen['compiled_same_bytes']}"
+                   if "compiled_bytes_s" in gen else ""), ""]
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
         steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))
@@ -708,6 +712,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")
+    p.add_argument("--learn-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="learn stage: a config override for both runs (repeatable), e.g. train.batch_size=32 "
+                        "train.micro_batches=2 to compare at 32 sequences per step")
     p.add_argument("--learn-seconds", type=float,
                    help="learn stage: seconds of uniform training (after compilation) that set the budget (default 240)")
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: from the GPU's name)")

@@ -18,7 +18,7 @@ def gpu_check(*args) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_writes_every_part_of_the_report(tmp_path):
-    proc = gpu_check("--out", str(tmp_path))
+    proc = gpu_check("--out", str(tmp_path), "--learn-override", "train.lr=0.002")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = json.loads((tmp_path / "report.json").read_text())
     assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "tests"]
@@ -45,6 +45,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     step = learned["flops"] / learned["steps"]
     assert uniform["flops"] <= learned["flops"] < uniform["flops"] + 1.5 * step
     assert uniform["probes"] and learned["probes"] and learned["probes"][-1]["step"] == learned["steps"]
+    assert "train.lr=0.002" in uniform["overrides"] and "train.lr=0.002" in learned["overrides"]
     # only the learned run sets the logit scale, and its row in the report says so
     assert "boundaries.learned.scale=1" in learned["overrides"] and "boundaries.learned.scale=1" not in uniform["overrides"]
     report = (tmp_path / "report.md").read_text()
