@@ -610,10 +610,11 @@ def render_figures(fig: dict) -> list[str]:
     tp = fig.get("throughput", {})
     if "rows" in tp:
         out += [f"**Training step**, {tp['config']} ({tp['parameters'] / 1e6:.1f}M parameters), one micro-batch of "
-                f"{tp['batch'][0]} x {tp['batch'][1]} bytes, {tp['precision']}, compile backend {tp['compile_backend']}, "
+                f"{tp['batch'][0]} x {tp['batch'][1]} bytes, {tp['precision']}, "
+                f"stacks compiled ({tp['compile_backend']}) unless a row says eager, "
                 f"median of {tp['steps']} steps after {tp['warmup']} (steps interleaved), MFU against "
                 f"{fmt(tp['peak_tflops'], '.0f')} TFLOP/s:", "",
-                "| run (compiled) | rows | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU "
+                "| run | rows | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU "
                 "| its peak memory (GiB) |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in tp["rows"]:
