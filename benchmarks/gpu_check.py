@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,7 +83,8 @@ class Sizes:
     learned_overrides: tuple = ("boundaries.learned.scale=1",)
     learn_seconds: float = 240.0
     probe_every: float = 60.0
-    settle_steps: tuple = (3, 8)  # the speed is measured between these steps (after compilation)
+    settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
+    sample_bytes: int = 240  # held-out bytes shown segmented at each probe
 
     @staticmethod
     def real() -> "Sizes":
@@ -314,6 +316,8 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["profile"] = learned.pop("table")
         result["device_busy"] = {"learned": learned["device_busy"], "uniform": uniform["device_busy"]}
         result["learned_extra_kernels"] = kernel_difference(learned["kernel_ms"], uniform["kernel_ms"])
+        result["kernel_ms_by_kind"] = {"learned": kernels_by_kind(learned["kernel_ms"]),
+                                       "uniform": kernels_by_kind(uniform["kernel_ms"])}
         result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
         say(result["profile"])
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
@@ -350,6 +354,23 @@ def kernel_difference(learned: dict, uniform: dict, top: int = 10) -> list:
     """The kernels whose time per step grows most from uniform to learned: [name, learned ms, uniform ms]."""
     names = sorted(set(learned) | set(uniform), key=lambda k: uniform.get(k, 0) - learned.get(k, 0))
     return [[k, learned.get(k, 0.0), uniform.get(k, 0.0)] for k in names[:top]]
+
+
+KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins
+    ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
+    ("attention", ("flex_attention", "fmha", "flash", "attention")),
+    ("boundary scan", ("run_chunks", "chunk_starts", "scan")),
+    ("optimizer", ("adam", "multi_tensor")),
+)
+
+
+def kernels_by_kind(kernel_ms: dict) -> dict:
+    """Kernel milliseconds per step summed by kind (the rest: elementwise, copies, reductions, indexing)."""
+    kinds = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    for name, ms in kernel_ms.items():
+        low = name.lower()
+        kinds[next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")] += ms
+    return kinds
 
 
 def host_syncs(run, device: torch.device) -> dict | None:
@@ -471,6 +492,8 @@ def prepared_data(args, work: Path) -> Path:
 def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str, save) -> dict:
     from learntok.analysis import analyse
     from learntok.config import load_config
+    from learntok.display import render as render_text
+    from learntok.display import segment
     from learntok.data.loader import make_data
     from learntok.eval.sequences import evaluate
     from learntok.train.trainer import Trainer
@@ -489,6 +512,9 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                  "train.log_every=10", "train.training_bytes=1e15"]
     cfg = load_config(sizes.learn_config, overrides)
     data = make_data(cfg)
+    # each probe shows where the boundaries fall in the start of the first held-out sequence
+    first = data.val[0].inputs[0]
+    sample_text = bytes(first[(first < 256)].tolist()[:sizes.sample_bytes])
     run_dir = work / f"learn_{strategy}"
     shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -498,12 +524,12 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
         inside the warm-up) to `learn_seconds` of training at that speed."""
 
         def train_step(self, batch):
-            if self.step == sizes.settle_steps[0]:
+            if flops is None and sizes.settle_steps[0] <= self.step <= sizes.settle_steps[1]:
                 sync(self.device)
-                self.mark = (self.flops, time.perf_counter())
-            if self.step == sizes.settle_steps[1] and flops is None:
-                sync(self.device)
-                rate = (self.flops - self.mark[0]) / (time.perf_counter() - self.mark[1])
+                self.marks.append((self.flops, time.perf_counter()))
+            if flops is None and self.step == sizes.settle_steps[1]:
+                # the median step: a step that recompiles (a new token count) must not set the budget
+                rate = statistics.median((f1 - f0) / (t1 - t0) for (f0, t0), (f1, t1) in zip(self.marks, self.marks[1:]))
                 self.flops_budget = rate * sizes.learn_seconds
                 say(f"  speed {rate / 1e12:.2f} TFLOP/s -> budget {self.flops_budget:.4g} FLOPs")
             metrics = super().train_step(batch)
@@ -519,10 +545,11 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             with self._autocast():
                 ev = evaluate(self.model, self.data.val, device=self.device, max_rows=self.cfg.train.batch_size // self.cfg.train.micro_batches)
                 boundaries = analyse(self.model, self.data.val[:1], samples=1, seed=1234).summary()
+                sample = render_text(segment(self.model, sample_text, seed=1234), colour=False)
             row = {"seconds": round(time.perf_counter() - self.started, 1), "step": self.step, "bytes": self.bytes_seen,
                    "flops": float(self.flops), "val_bpb": ev["bpb"], "rate": boundaries["rate"],
                    "whitespace_precision": boundaries["whitespace_precision"],
-                   "whitespace_recall": boundaries["whitespace_recall"]}
+                   "whitespace_recall": boundaries["whitespace_recall"], "sample": sample}
             say(f"  {strategy} {row['seconds']:6.0f} s, step {row['step']:5d}: held-out bpb {row['val_bpb']:.4f}, "
                 f"rate {row['rate']:.3f}, whitespace precision {row['whitespace_precision']:.3f} "
                 f"recall {row['whitespace_recall']:.3f}")
@@ -531,7 +558,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     say(f"training {strategy} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
     # the uniform run's budget is fixed at the settle step; until then the schedule plans for 1e30 FLOPs
     trainer = ProbedRun(cfg, run_dir, progress=False, data=data, flops_budget=flops if flops is not None else 1e30)
-    trainer.probes, trainer.started = [], time.perf_counter()
+    trainer.probes, trainer.marks, trainer.started = [], [], time.perf_counter()
     trainer.last_probe = trainer.started
     trainer.train()
     wall = time.perf_counter() - trainer.started
@@ -632,6 +659,10 @@ def render_figures(fig: dict) -> list[str]:
             out += [f"GPU busy (kernel time / step time): learned {fmt(busy['learned'], '.0%')}, uniform "
                     f"{fmt(busy['uniform'], '.0%')}. Host syncs per step: "
                     + "; ".join(f"{k} {v['count']} ({where[k] or 'none'})" for k, v in syncs.items() if v), ""]
+        by_kind = tp.get("kernel_ms_by_kind") or {}
+        if by_kind.get("learned"):
+            out += ["Kernel time per step by kind (ms):", "", "| kind | learned | uniform |", "|---|---|---|"]
+            out += [f"| {k} | {ms:.2f} | {by_kind['uniform'][k]:.2f} |" for k, ms in by_kind["learned"].items()] + [""]
         if tp.get("learned_extra_kernels"):
             out += ["Kernels that grow most from uniform to learned (ms per step):", "",
                     "| kernel | learned | uniform |", "|---|---|---|"]
@@ -686,6 +717,11 @@ def render_learn(learn: dict) -> list[str]:
             for p in (r or {}).get("probes", []):
                 out.append(f"| {name} | {p['seconds']} | {p['step']} | {p['val_bpb']:.4f} | {p['rate']:.3f} | "
                            f"{p['whitespace_precision']:.3f} | {p['whitespace_recall']:.3f} |")
+        for name, r in learn.items():
+            last = ((r or {}).get("probes") or [{}])[-1]
+            if "sample" in last:  # reports from before samples were kept have none
+                out += ["", f"Where {name}'s boundaries fall at step {last['step']} (`|` ends a token; "
+                        "the start of the first held-out sequence):", "", "```", last["sample"], "```"]
     out.append("")
     return out
 

@@ -36,6 +36,8 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     # no CUDA kernels or syncs to count on a CPU: said as such, not as zeros
     assert throughput["device_busy"] == {"learned": None, "uniform": None} and throughput["learned_extra_kernels"] == []
     assert throughput["host_syncs"] == {"learned": None, "uniform": None}
+    assert throughput["kernel_ms_by_kind"]["learned"].keys() == {"matrix products", "attention", "boundary scan",
+                                                                 "optimizer", "other"}
     generation = figures["generation"]
     assert generation["same_bytes_and_boundaries"] is True and generation["batched_bytes_s"] > 0
     assert generation["compiled_bytes_s"] > 0 and generation["compiled_batched_bytes_s"] > 0
@@ -46,10 +48,17 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert uniform["flops"] <= learned["flops"] < uniform["flops"] + 1.5 * step
     assert uniform["probes"] and learned["probes"] and learned["probes"][-1]["step"] == learned["steps"]
     assert "train.lr=0.002" in uniform["overrides"] and "train.lr=0.002" in learned["overrides"]
+    # each probe shows the held-out text cut where the boundaries fall: uniform's every 5 bytes (its rate 0.2),
+    # now and then 4 where the sequence length is not a multiple of 5 (ASCII text: characters are bytes)
+    pieces = uniform["probes"][-1]["sample"].split("|")
+    lengths = [len(piece) for piece in pieces[1:-1]]
+    assert len(lengths) > 10 and set(lengths) <= {4, 5} and lengths.count(5) > 0.8 * len(lengths)
+    assert learned["probes"][-1]["sample"].replace("|", "") == uniform["probes"][-1]["sample"].replace("|", "")
     # only the learned run sets the logit scale, and its row in the report says so
     assert "boundaries.learned.scale=1" in learned["overrides"] and "boundaries.learned.scale=1" not in uniform["overrides"]
     report = (tmp_path / "report.md").read_text()
     assert "| learned (boundaries.learned.scale=1) |" in report
+    assert "Where learned's boundaries fall at step" in report and "Where uniform's boundaries fall" in report
     for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
         assert heading in report
     assert "## Failures" not in report
@@ -76,3 +85,12 @@ def test_figures_past_the_stage_time_are_skipped_and_said_so(tmp_path):
     assert figures["meta"]["partial"] is False
     assert all("not started" in item["skipped"] for item in figures["result"].values())
     assert "**fsdp**: not started" in (tmp_path / "report.md").read_text()
+
+
+def test_kernels_are_summed_by_kind():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import kernels_by_kind
+    kinds = kernels_by_kind({"nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": 2.5, "cutlass_75_tensorop_gemm": 0.5,
+                             "triton_tem_fused_flex_attention_backward_1": 3.0, "run_chunks": 0.25,
+                             "multi_tensor_apply_kernel": 1.0, "triton_poi_fused_add_mul_0": 0.125})
+    assert kinds == {"matrix products": 3.0, "attention": 3.0, "boundary scan": 0.25, "optimizer": 1.0, "other": 0.125}
