@@ -56,9 +56,10 @@ def test_causal_attention_equals_dense_reference(T, cap):
 
 @pytest.mark.parametrize("T, window", [(5, 4), (130, 64), (200, 64), (130, None), (24, None)])
 @pytest.mark.parametrize("cap", [None, 50.0])
-def test_flex_attention_equals_dense_reference(T, window, cap):
+@pytest.mark.parametrize("block", [128, 64, 16])
+def test_flex_attention_equals_dense_reference(T, window, cap, block):
     q, k, v = qkv(T, seed=T)
-    out = flex_attention(q, k, v, window, cap)
+    out = flex_attention(q, k, v, window, cap, block)
     assert torch.allclose(out.double(), dense_reference(q, k, v, window, cap), atol=2e-5)
 
 
@@ -102,3 +103,17 @@ def test_flex_attention_on_cuda_matches_blocked_with_gradients(window):
     grads_blocked = torch.autograd.grad(blocked, (q, k, v), g)
     grads_flex = torch.autograd.grad(flex, (q, k, v), g)
     assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(grads_flex, grads_blocked))
+
+
+@pytest.mark.parametrize("block, keys", [(128, 256), (64, 128)])
+def test_flex_window_computes_two_key_blocks_per_query_block(block, keys):
+    """A 64-byte window skips every key block but the query's own and the one before: 256 keys computed
+    per query with 128-position blocks, 128 with 64-position blocks (the first query block has only one)."""
+    from learntok.model import layers
+    q, k, v = qkv(512, B=1, H=1)
+    flex_attention(q, k, v, 64, None, block)
+    mask = layers._FLEX_BLOCK_MASKS[(64, 512, block, "cpu")]
+    assert mask.BLOCK_SIZE == (block, block)
+    visited = (mask.kv_num_blocks + mask.full_kv_num_blocks)[0, 0]  # key blocks computed per query block
+    assert visited.tolist() == [1] + [2] * (512 // block - 1)
+    assert int(visited[-1]) * block == keys

@@ -31,7 +31,9 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
     throughput = figures["throughput"]
     assert [(r["run"], r["micro_batch"]) for r in throughput["rows"]] == [
-        ("learned, blocked", 2), ("uniform, blocked", 2), ("learned, blocked SDPA", 2), ("learned, blocked, 4 rows", 4)]
+        ("learned, blocked", 2), ("uniform, blocked", 2), ("learned, blocked SDPA", 2),
+        ("learned, blocked, 64-position blocks", 2), ("learned, blocked, again beside it", 2), ("learned, blocked, 4 rows", 4)]
+    assert throughput["small_block_over_default"] > 0 and "error" not in throughput
     assert "aten::" in throughput["profile"]  # the profiler table a missed target gets
     # no CUDA kernels or syncs to count on a CPU: said as such, not as zeros
     assert throughput["device_busy"] == {"learned": None, "uniform": None} and throughput["learned_extra_kernels"] == []

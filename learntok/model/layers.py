@@ -127,9 +127,11 @@ _FLEX_BLOCK_MASKS: dict[tuple, object] = {}
 _compiled_flex = None
 
 
-def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tensor:
+def flex_attention(q, k, v, window: int | None, cap: float | None, block: int = 128) -> torch.Tensor:
     """Sliding-window (`window` keys) or full (`window` None) causal attention over (B, H, T, hd) through
-    FlexAttention. Key blocks that are wholly masked are skipped, so the window costs O(T * W). Compiled
+    FlexAttention. Key blocks (`block` x `block` positions) that are wholly masked are skipped, so the
+    window costs O(T * (W + block)): a 64-byte window in 128-position blocks computes 256 keys per query,
+    in 64-position blocks 128 (which is faster on a GPU is measured by benchmarks/gpu_check.py). Compiled
     on CUDA (the block masks are cached per length; the token level sees few lengths, multiples of
     `model.token_multiple`); on a CPU it runs FlexAttention's unfused reference, for tests."""
     global _compiled_flex
@@ -137,7 +139,7 @@ def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tens
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     T = q.shape[2]
-    key = (window, T, str(q.device))
+    key = (window, T, block, str(q.device))
     if key not in _FLEX_BLOCK_MASKS:
         if window is None:
             def mask_mod(b, h, q_idx, kv_idx):
@@ -145,7 +147,7 @@ def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tens
         else:
             def mask_mod(b, h, q_idx, kv_idx):
                 return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
-        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device)
+        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=block)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score if cap is None else cap * torch.tanh(score / cap)
@@ -225,6 +227,7 @@ class Attention(nn.Module):
         self.window = window  # None: full causal attention
         self.cap = cap
         self.kernel = kernel  # blocked | flex (see the module docstring)
+        self.flex_block = 128  # FlexAttention's block size (see flex_attention)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
 
@@ -248,7 +251,7 @@ class Attention(nn.Module):
         """This layer's attention pattern over (B, H, T, hd) -> (B, T, H * hd), before the output projection."""
         B, H, T, hd = q.shape
         if self.kernel == "flex":
-            y = flex_attention(q, k, v, self.window, self.cap)
+            y = flex_attention(q, k, v, self.window, self.cap, self.flex_block)
         elif self.window is None:
             y = causal_attention(q, k, v, self.cap)
         else:
