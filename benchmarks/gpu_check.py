@@ -571,10 +571,11 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             row = {"seconds": round(time.perf_counter() - self.started, 1), "step": self.step, "bytes": self.bytes_seen,
                    "flops": float(self.flops), "val_bpb": ev["bpb"], "rate": boundaries["rate"],
                    "whitespace_precision": boundaries["whitespace_precision"],
-                   "whitespace_recall": boundaries["whitespace_recall"], "sample": sample}
+                   "whitespace_recall": boundaries["whitespace_recall"],
+                   "word_start_precision": boundaries["word_start_precision"], "sample": sample}
             say(f"  {strategy} {row['seconds']:6.0f} s, step {row['step']:5d}: held-out bpb {row['val_bpb']:.4f}, "
                 f"rate {row['rate']:.3f}, whitespace precision {row['whitespace_precision']:.3f} "
-                f"recall {row['whitespace_recall']:.3f}")
+                f"recall {row['whitespace_recall']:.3f}, word-start precision {row['word_start_precision']:.3f}")
             return row
 
     say(f"training {strategy} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
@@ -720,7 +721,7 @@ def render_figures(fig: dict) -> list[str]:
 
 def render_learn(learn: dict) -> list[str]:
     out = ["| strategy | parameters | steps | bytes | FLOPs | wall (s) | held-out bpb | rate | whitespace precision | "
-           "whitespace recall |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "whitespace recall | word-start precision |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     done = {name: r for name, r in learn.items() if r and "val_bpb" in r}
     first = next(iter(done.values()), None)
     shared = [o for o in first["overrides"] if all(o in r["overrides"] for r in done.values())] if first else []
@@ -730,18 +731,19 @@ def render_learn(learn: dict) -> list[str]:
         name = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
         out.append(f"| {name} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
                    f"{r['wall_s']} | {r['val_bpb']:.4f} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
-                   f"{b['whitespace_recall']:.3f} |")
+                   f"{b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
     if first:
         out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
                 f"{' '.join(o for o in shared if not o.startswith('boundaries.name='))}; data: {first['data']}; held out: "
                 f"{first['heldout_sequences']} sequences of its val split (bpb with sampled boundaries, mean of "
                 f"{first['eval_samples']} draws for learned). One seed each.", "", "Probes during training:", "",
-                "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall |",
-                "|---|---|---|---|---|---|---|"]
+                "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall "
+                "| word-start precision |", "|---|---|---|---|---|---|---|---|"]
         for name, r in learn.items():
             for p in (r or {}).get("probes", []):
                 out.append(f"| {name} | {p['seconds']} | {p['step']} | {p['val_bpb']:.4f} | {p['rate']:.3f} | "
-                           f"{p['whitespace_precision']:.3f} | {p['whitespace_recall']:.3f} |")
+                           f"{p['whitespace_precision']:.3f} | {p['whitespace_recall']:.3f} | "
+                           f"{fmt(p.get('word_start_precision'))} |")
         for name, r in learn.items():
             last = ((r or {}).get("probes") or [{}])[-1]
             if "sample" in last:  # reports from before samples were kept have none
@@ -758,7 +760,15 @@ def has_error(part) -> bool:
 
 
 def write_report(out_dir: Path) -> Path:
-    parts = {p.stem.removeprefix("part_"): json.loads(p.read_text()) for p in sorted(out_dir.glob("part_*.json"))}
+    """report.json and report.md from the folder's part_*.json files or, where there are none, from its
+    report.json (a kept report, rendered again by this version)."""
+    files = sorted(out_dir.glob("part_*.json"))
+    if files:
+        parts = {p.stem.removeprefix("part_"): json.loads(p.read_text()) for p in files}
+    elif (out_dir / "report.json").exists():
+        parts = json.loads((out_dir / "report.json").read_text())
+    else:
+        raise FileNotFoundError(f"{out_dir} holds no part_*.json and no report.json to report on")
     (out_dir / "report.json").write_text(json.dumps(parts, indent=1))
     (out_dir / "report.md").write_text(render(parts))
     return out_dir / "report.md"

@@ -15,6 +15,9 @@ BOS and document starts, always boundaries, are left out).
   strategy that reads bytes <= i could know that a unit ended:
     words  the first space-like byte after a word (SpaceByte's rule, `boundaries.whitespace`): "Hi, you"
            -> "Hi," | " you"; the `whitespace` strategy agrees with it exactly;
+    word starts  the first byte of each word (a byte that is not space-like, after one that is): "Hi, you"
+           -> "Hi, y" | "ou": a token that ends there has read the word's first byte, as early as a
+           causal policy can know a word began;
     BPE    the last byte of each byte-level BPE token, shifted right by one byte (paper appendix D.1):
            the boundaries the `bpe` strategy trains with (`learntok.data.bpe`).
 - **Token lengths** in bytes: the lengths of complete tokens, i.e. ended by a counted boundary and
@@ -138,6 +141,15 @@ def word_boundaries(inputs: torch.Tensor) -> torch.Tensor:
     return whitespace_boundaries(inputs)
 
 
+def word_starts(inputs: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the first byte of each word, a byte (not BOS or padding) that is not space-like right
+    after one that is (see the module docstring)."""
+    ws = whitespace_mask(inputs)
+    after_ws = torch.zeros_like(ws)
+    after_ws[:, 1:] = ws[:, :-1]
+    return after_ws & ~ws & (inputs < 256)
+
+
 # --- token lengths -------------------------------------------------------------------------------
 
 @dataclass
@@ -240,6 +252,7 @@ class BoundaryReport:
 
     whitespace: Alignment
     words: Agreement
+    word_starts: Agreement
     bpe: Agreement | None
     lengths: TokenLengths
     enrichment: Enrichment
@@ -256,6 +269,7 @@ class BoundaryReport:
         out = {"rate": self.rate, "whitespace_precision": self.whitespace.precision,
                "whitespace_recall": self.whitespace.recall, "whitespace_share": self.whitespace.whitespace_share,
                "word_precision": self.words.precision, "word_recall": self.words.recall, "word_f1": self.words.f1,
+               "word_start_precision": self.word_starts.precision, "word_start_recall": self.word_starts.recall,
                "mean_token_bytes": self.lengths.mean, "enrichment_B": self.enrichment.B}
         if self.bpe is not None:
             out.update(bpe_precision=self.bpe.precision, bpe_recall=self.bpe.recall, bpe_f1=self.bpe.f1)
@@ -263,6 +277,7 @@ class BoundaryReport:
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "whitespace": asdict(self.whitespace), "words": asdict(self.words),
+                "word_starts": asdict(self.word_starts),
                 "bpe": None if self.bpe is None else asdict(self.bpe),
                 "token_lengths": {"counts": self.lengths.counts, "fractions": self.lengths.fractions(),
                                   "mean": self.lengths.mean, "last_bin_is_at_least": len(self.lengths.counts)},
@@ -284,7 +299,8 @@ def analyse(model, batches: Sequence[Batch], *, bpe_reference: Sequence[torch.Te
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    ws, words, bpe, lengths = Alignment(0, 0, 0, 0), Agreement(0, 0, 0), Agreement(0, 0, 0), TokenLengths([0] * max_len, 0)
+    ws, lengths = Alignment(0, 0, 0, 0), TokenLengths([0] * max_len, 0)
+    words, starts, bpe = Agreement(0, 0, 0), Agreement(0, 0, 0), Agreement(0, 0, 0)
     kept = []  # (a, surprisal, counted) for the enrichment, whose threshold needs every position first
     try:
         for s in range(samples):
@@ -296,6 +312,7 @@ def analyse(model, batches: Sequence[Batch], *, bpe_reference: Sequence[torch.Te
                 counted = (batch.inputs != PAD) & ~out.forced
                 ws = ws + whitespace_alignment(batch.inputs, a, counted)
                 words = words + boundary_agreement(a, word_boundaries(batch.inputs), counted)
+                starts = starts + boundary_agreement(a, word_starts(batch.inputs), counted)
                 if bpe_reference is not None:
                     bpe = bpe + boundary_agreement(a, bpe_reference[k], counted)
                 lengths = lengths + token_lengths(a, counted, max_len)
@@ -308,4 +325,5 @@ def analyse(model, batches: Sequence[Batch], *, bpe_reference: Sequence[torch.Te
     enrich = [boundary_enrichment(a, b, c, quantile, threshold) for a, b, c in kept]
     total = Enrichment(sum(e.positions for e in enrich), sum(e.high for e in enrich), sum(e.boundaries for e in enrich),
                        sum(e.boundaries_high for e in enrich), quantile, threshold)
-    return BoundaryReport(ws, words, bpe if bpe_reference is not None else None, lengths, total, surprisal, samples)
+    return BoundaryReport(ws, words, starts, bpe if bpe_reference is not None else None, lengths, total, surprisal,
+                          samples)

@@ -20,6 +20,7 @@ from learntok.analysis import (
     token_lengths,
     whitespace_alignment,
     word_boundaries,
+    word_starts,
 )
 from learntok.data.batch import BOS, PAD, Batch
 from learntok.data.bpe import bpe_boundaries
@@ -74,6 +75,12 @@ def test_boundary_agreement_precision_recall_f1():
 def test_word_boundaries_are_the_first_spacelike_byte_after_a_word():
     x, expected = row(b"Hi, you 42.", "Hi,| you |42.|")  # "Hi," | " you " | "42."
     assert torch.equal(word_boundaries(x)[0, 1:], expected[0, 1:])
+
+
+def test_word_starts_are_the_first_byte_of_each_word():
+    x, expected = row(b"Hi, you  42.\nok", "Hi, y|ou  4|2.\no|k")
+    starts = word_starts(x)
+    assert torch.equal(starts[0, 1:], expected[0, 1:]) and not starts[0, 0]  # BOS is no word's start
 
 
 class FakeBpe:
@@ -177,6 +184,7 @@ def test_analyse_whitespace_model_agrees_with_word_boundaries():
     report = analyse(model, [batch], bpe_reference=[word_boundaries(batch.inputs)])
     s = report.summary()
     assert s["word_f1"] == 1.0 and s["bpe_f1"] == 1.0  # its rule is the word-boundary reference
+    assert s["word_start_precision"] == 0.0  # one byte after its boundaries: never on them
     assert s["whitespace_precision"] > 0.75  # the rest are on punctuation
     assert 0.1 < s["rate"] < 0.3 and s["mean_token_bytes"] > 3
     assert report.surprisal_source == "early" and report.enrichment.positions > 0

@@ -61,6 +61,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| learned (boundaries.learned.scale=1) |" in report
     assert "Where learned's boundaries fall at step" in report and "Where uniform's boundaries fall" in report
+    assert "| word-start precision |" in report and learned["probes"][-1]["word_start_precision"] >= 0
     for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
         assert heading in report
     assert "## Failures" not in report
