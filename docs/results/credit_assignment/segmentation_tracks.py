@@ -3,11 +3,14 @@ tokens_end --boundary-shift 0`, so that the `file` strategy trains a fresh model
 
     python segmentation_tracks.py noisy CORPUS.jsonl.gz OUT.jsonl --keep R --add Q [--seed S]
     python segmentation_tracks.py freeze CORPUS.jsonl.gz OUT.jsonl --run RUN_DIR
+    python segmentation_tracks.py starts CORPUS.jsonl.gz OUT.jsonl
 
 `noisy`: the whitespace strategy's boundaries, each kept with probability R, plus a boundary at every
 other byte with probability Q, independently: whitespace alignment of a chosen precision and recall with
 no other structure. `freeze`: a trained learned policy's boundaries, thresholded at p > 0.5, each
-document in its own context after BOS, as the policy decides in evaluation. Both are causal with
+document in its own context after BOS, as the policy decides in evaluation. `starts`: a boundary at the
+first byte of every word (`learntok.analysis.word_starts`: a byte that is not whitespace after one that
+is), one byte after the space where the whitespace strategy cuts. All are causal with
 `--boundary-shift 0`: the decision at byte k reads bytes up to k only (the noise reads none).
 """
 
@@ -21,6 +24,7 @@ import sys
 import numpy as np
 import torch
 
+from learntok.analysis import word_starts
 from learntok.boundaries.base import BoundaryInput
 from learntok.boundaries.whitespace import whitespace_boundaries
 from learntok.data.batch import BOS, PAD
@@ -42,6 +46,10 @@ def noisy_ends(texts: list[bytes], keep: float, add: float, seed: int) -> list[l
         a[:1] = False  # BOS ends a token already
         out.append((np.flatnonzero(a) + 1).tolist())
     return out
+
+
+def word_start_ends(texts: list[bytes]) -> list[list[int]]:
+    return [(torch.nonzero(word_starts(torch.tensor([BOS, *b])[None])[0, 1:]).flatten() + 1).tolist() for b in texts]
 
 
 def encode_in_chunks(model, x: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
@@ -81,7 +89,7 @@ def frozen_ends(texts: list[bytes], model, chunk: int = CHUNK) -> list[list[int]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("kind", choices=("noisy", "freeze"))
+    p.add_argument("kind", choices=("noisy", "freeze", "starts"))
     p.add_argument("corpus")
     p.add_argument("out")
     p.add_argument("--keep", type=float, default=1.0)
@@ -92,8 +100,12 @@ def main() -> None:
     torch.set_num_threads(1)
     records = [json.loads(line) for line in gzip.open(args.corpus, "rt")]
     texts = [r["text"].encode() for r in records]
-    ends = (noisy_ends(texts, args.keep, args.add, args.seed) if args.kind == "noisy"
-            else frozen_ends(texts, from_pretrained(args.run)))
+    if args.kind == "noisy":
+        ends = noisy_ends(texts, args.keep, args.add, args.seed)
+    elif args.kind == "freeze":
+        ends = frozen_ends(texts, from_pretrained(args.run))
+    else:
+        ends = word_start_ends(texts)
     total = sum(len(t) for t in texts)
     print(f"{len(texts)} documents, {total} bytes, boundary rate {sum(map(len, ends)) / total:.4f}", file=sys.stderr)
     with open(args.out, "w") as f:
