@@ -15,9 +15,10 @@ BOS and document starts, always boundaries, are left out).
   strategy that reads bytes <= i could know that a unit ended:
     words  the first space-like byte after a word (SpaceByte's rule, `boundaries.whitespace`): "Hi, you"
            -> "Hi," | " you"; the `whitespace` strategy agrees with it exactly;
-    word starts  the first byte of each word (a byte that is not space-like, after one that is): "Hi, you"
-           -> "Hi, y" | "ou": a token that ends there has read the word's first byte, as early as a
-           causal policy can know a word began;
+    word starts  the first byte of each word, by the same rule a byte later: a byte that is not
+           space-like after one that is (BOS is space-like): "Hi, you" -> "H" | "i, y" | "ou". A token
+           that ends there has read the word's first byte, as early as a causal policy can know that a
+           word began; a text has as many word starts as word boundaries, give or take one;
     BPE    the last byte of each byte-level BPE token, shifted right by one byte (paper appendix D.1):
            the boundaries the `bpe` strategy trains with (`learntok.data.bpe`).
 - **Token lengths** in bytes: the lengths of complete tokens, i.e. ended by a counted boundary and
@@ -142,12 +143,13 @@ def word_boundaries(inputs: torch.Tensor) -> torch.Tensor:
 
 
 def word_starts(inputs: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: the first byte of each word, a byte (not BOS or padding) that is not space-like right
-    after one that is (see the module docstring)."""
-    ws = whitespace_mask(inputs)
-    after_ws = torch.zeros_like(ws)
-    after_ws[:, 1:] = ws[:, :-1]
-    return after_ws & ~ws & (inputs < 256)
+    """(B, T) bool: the first byte of each word, a byte that is not space-like right after one that is
+    (SpaceByte's `spacelike`; see the module docstring). False at t = 0."""
+    from .boundaries.whitespace import spacelike
+    s = spacelike(inputs)
+    starts = torch.zeros_like(s)
+    starts[:, 1:] = ~s[:, 1:] & s[:, :-1]
+    return starts
 
 
 # --- token lengths -------------------------------------------------------------------------------

@@ -78,9 +78,11 @@ def test_word_boundaries_are_the_first_spacelike_byte_after_a_word():
 
 
 def test_word_starts_are_the_first_byte_of_each_word():
-    x, expected = row(b"Hi, you  42.\nok", "Hi, y|ou  4|2.\no|k")
+    x, expected = row(b"Hi, you  42.\nok", "H|i, y|ou  4|2.\no|k")  # BOS is space-like: "H" starts a word
     starts = word_starts(x)
-    assert torch.equal(starts[0, 1:], expected[0, 1:]) and not starts[0, 0]  # BOS is no word's start
+    assert torch.equal(starts[0, 1:], expected[0, 1:]) and not starts[0, 0]
+    # one word start for each word boundary (SpaceByte's rule, a byte earlier), give or take the text's ends
+    assert int(starts.sum()) == int(word_boundaries(x).sum()) + 1
 
 
 class FakeBpe:

@@ -9,8 +9,8 @@ tokens_end --boundary-shift 0`, so that the `file` strategy trains a fresh model
 other byte with probability Q, independently: whitespace alignment of a chosen precision and recall with
 no other structure. `freeze`: a trained learned policy's boundaries, thresholded at p > 0.5, each
 document in its own context after BOS, as the policy decides in evaluation. `starts`: a boundary at the
-first byte of every word (`learntok.analysis.word_starts`: a byte that is not whitespace after one that
-is), one byte after the space where the whitespace strategy cuts. All are causal with
+first byte of every word (`learntok.analysis.word_starts`: a byte that is not space-like after one that
+is), the whitespace strategy's rule a byte later, so as many boundaries. All are causal with
 `--boundary-shift 0`: the decision at byte k reads bytes up to k only (the noise reads none).
 """
 
