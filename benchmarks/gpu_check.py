@@ -378,9 +378,9 @@ def kernel_difference(learned: dict, uniform: dict, top: int = 10) -> list:
     return [[k, learned.get(k, 0.0), uniform.get(k, 0.0)] for k in names[:top]]
 
 
-KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins
-    ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
+KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins (flash kernels may name cutlass)
     ("attention", ("flex_attention", "fmha", "flash", "attention")),
+    ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
     ("boundary scan", ("run_chunks", "chunk_starts", "scan")),
     ("optimizer", ("adam", "multi_tensor")),
 )

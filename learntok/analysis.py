@@ -143,13 +143,9 @@ def word_boundaries(inputs: torch.Tensor) -> torch.Tensor:
 
 
 def word_starts(inputs: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: the first byte of each word, a byte that is not space-like right after one that is
-    (SpaceByte's `spacelike`; see the module docstring). False at t = 0."""
-    from .boundaries.whitespace import spacelike
-    s = spacelike(inputs)
-    starts = torch.zeros_like(s)
-    starts[:, 1:] = ~s[:, 1:] & s[:, :-1]
-    return starts
+    """(B, T) bool: the first byte of each word (the `word_start` strategy's rule; see the module docstring)."""
+    from .boundaries.word_start import word_start_boundaries
+    return word_start_boundaries(inputs)
 
 
 # --- token lengths -------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ def test_noisy_whitespace_extremes():
     assert tracks.noisy_ends([b"Hi, you"], keep=0.0, add=1.0, seed=0) == [[2, 4, 5, 6, 7]]
 
 
+def test_word_start_ends_cut_after_each_words_first_byte():
+    # "Hi, you" -> "H" | "i, y" | "ou": token ends (exclusive) after the H and after the y
+    assert tracks.word_start_ends(TEXTS[:2]) == [[1, 5], [1, 4]]
+
+
 def test_noisy_whitespace_rates():
     text = b"one two three, four five. " * 400
     ws = set(tracks.noisy_ends([text], 1.0, 0.0, 0)[0])

@@ -65,6 +65,21 @@ def test_whitespace_rule_on_a_sentence():
     assert torch.equal(whitespace_boundaries(torch.tensor([[BOS, *b"  a b"]]))[0], torch.tensor([0, 0, 0, 0, 1, 0]).bool())
 
 
+def test_word_start_rule_is_the_whitespace_rule_a_byte_later():
+    text = "Hi, naïve café-goers: 42 ok!".encode()
+    strat = build_strategy(tiny_config(name="word_start").boundaries, 8)
+    a = strat(byte_input(text)).a
+    # a token ends at the first non-spacelike byte after a spacelike one (BOS is spacelike). Bytes (30):
+    #   H i , _ n a C3 AF v e _ c a f C3 A9 - g o e r s : _ 4 2 _ o k !
+    #   0 1 2 3 4 5 6  7  8 9 10 11 ... 14 15 16 17          24    27
+    # the continuation byte AF after the spacelike lead byte C3 starts a "word", as whitespace's rule cuts at C3
+    assert torch.nonzero(a[0, 1:]).flatten().tolist() == [0, 4, 7, 11, 15, 17, 24, 27]
+    assert marks(a, text) == "^   ^  ^   ^   ^ ^      ^  ^  "
+    # as many as whitespace's: each run of non-spacelike bytes has one start and one end
+    ws = torch.nonzero(build_strategy(tiny_config(name="whitespace").boundaries, 8)(byte_input(text)).a[0, 1:]).flatten()
+    assert len(ws) == len(torch.nonzero(a[0, 1:])) and bool(a[0, 0])
+
+
 def test_random_rate_and_uniforms():
     cfg = tiny_config(name="random", target_rate=0.3).boundaries
     strat = build_strategy(cfg, 8)
@@ -287,7 +302,7 @@ def test_supplied_strategies_mask_and_refuse_none():
 
 
 @pytest.mark.parametrize("name,extra,added", [
-    ("uniform", {}, lambda d: 0), ("random", {}, lambda d: 0), ("whitespace", {}, lambda d: 0),
+    ("uniform", {}, lambda d: 0), ("random", {}, lambda d: 0), ("whitespace", {}, lambda d: 0), ("word_start", {}, lambda d: 0),
     ("bpe", {}, lambda d: 0), ("file", {}, lambda d: 0), ("entropy", {}, lambda d: 0),
     ("entropy", {"entropy": {"source": "own", "model_dim": 32, "model_layers": 1}},
      lambda d: 4 * 32 * 32 + 3 * 32 * 32 + 32 * VOCAB_SIZE),  # attention, GeGLU (hidden 32), head

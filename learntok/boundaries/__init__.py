@@ -5,6 +5,7 @@ name (`boundaries.name` in the config).
     uniform          evenly spaced, exactly round(N * target) per sequence (uniform.py)
     random           i.i.d. Bernoulli(target) (bernoulli.py)
     whitespace       SpaceByte's rule (whitespace.py)
+    word_start       SpaceByte's rule a byte later: tokens end at the first byte of each word (word_start.py)
     entropy          next-byte entropy above a calibrated threshold, BLT (entropy.py)
     bpe              BPE guidance: shifted BPE token ends supplied by the data (bpe.py)
     file             a user's segmentation supplied by the data (file.py)
@@ -33,9 +34,10 @@ from .hnet import HNetChunking
 from .learned import LearnedPolicy
 from .uniform import Uniform
 from .whitespace import Whitespace
+from .word_start import WordStart
 
 STRATEGIES: dict[str, type[BoundaryStrategy]] = {cls.name: cls for cls in (
-    LearnedPolicy, Uniform, RandomBoundaries, Whitespace, EntropyPatching, BpeGuidance, FileBoundaries,
+    LearnedPolicy, Uniform, RandomBoundaries, Whitespace, WordStart, EntropyPatching, BpeGuidance, FileBoundaries,
     DynamicPooling, HNetChunking)}
 
 

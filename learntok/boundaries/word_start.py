@@ -1,0 +1,48 @@
+"""`word_start`: a token ends at the first byte of every word, SpaceByte's rule (`whitespace`) one byte
+later:
+
+    a_t = not spacelike(x_t) and spacelike(x_{t-1})          (spacelike: see whitespace.py; BOS is)
+
+so "Hi, you" -> "H" | "i, y" | "ou". A text has as many word starts as word ends, so the rate is the
+whitespace strategy's (give or take one per row), but each token now holds the first byte of the word it
+opens: the token level predicts the rest of a word knowing how it begins, where after a whitespace
+boundary it must guess the word's first byte from the token before. On the prose corpus at 1.1e13 FLOPs
+it is ahead of both whitespace and uniform boundaries (docs/results/credit_assignment/, section 14).
+
+Causal by construction: a_t reads x_{t-1} and x_t only. No parameters, no loss, no rate control. A row
+that opens mid-word (packed data) gets a boundary at its first byte if that is a letter or digit, as
+after a space: the rule sees BOS before it. Generation: the previous byte is the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..data.batch import BOS
+from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy
+from .whitespace import spacelike
+
+
+def word_start_boundaries(x: torch.Tensor) -> torch.Tensor:
+    """(B, T) bytes -> (B, T) bool: not spacelike(x_t) and spacelike(x_{t-1}); False at t = 0."""
+    s = spacelike(x)
+    a = torch.zeros_like(s)
+    a[:, 1:] = ~s[:, 1:] & s[:, :-1]
+    return a
+
+
+class WordStart(BoundaryStrategy):
+    name = "word_start"
+
+    def forward(self, inp: BoundaryInput) -> Boundaries:
+        a = (word_start_boundaries(inp.inputs) & inp.valid) | inp.forced
+        return Boundaries(a=a, probs=a.float())
+
+    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
+        """The previous byte of each row, (B,) int64 (BOS before the first)."""
+        return torch.full((batch_size,), BOS, dtype=torch.long, device=device)
+
+    def step(self, inp: BoundaryStepInput, previous: torch.Tensor) -> BoundaryStep:
+        a = (~spacelike(inp.byte) & spacelike(previous) & (inp.position > 0)) | inp.forced
+        previous.copy_(inp.byte)
+        return BoundaryStep(a=a, probs=a.float())
