@@ -18,9 +18,9 @@ layers at rate 1/4) at 128 x 4096 bytes per step on a corpus in the FineWeb layo
 with a `text` field, or a directory made by `learntok prepare`; its val split is held out). The uniform
 run's FLOPs budget is what fits in `--learn-seconds` at its measured speed (fixed after the first steps,
 inside the learning-rate warm-up); the learned run gets the same FLOPs (from the uniform part in the
-report folder, or `--flops`) and the logit scale D = 1 (`Sizes.learned_overrides`). Every `--probe-every`
-seconds both print held-out bpb and where their boundaries fall (whitespace precision/recall, the paper's
-reference alignment).
+report folder, or `--flops`) and the logit scale D = 1 (`Sizes.learned_overrides`); `--strategy word_start`
+or `whitespace` adds a fixed rule at the same FLOPs. Every minute each run prints held-out bpb and where its
+boundaries fall (whitespace and word-start precision, and the start of a held-out sequence cut at them).
 """
 
 from __future__ import annotations
@@ -779,8 +779,9 @@ def write_report(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stage", choices=["all", "tests", "figures", "learn", "report"], default="all")
-    p.add_argument("--strategy", choices=["uniform", "learned", "both"], default="both",
-                   help="learn stage: which run (uniform first: it sets the FLOPs budget)")
+    p.add_argument("--strategy", choices=["uniform", "learned", "word_start", "whitespace"], action="append",
+                   help="learn stage: a run, repeatable, in the order given (default: uniform, then learned); "
+                        "uniform first unless --flops is given: its FLOPs are the others' budget")
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")
@@ -815,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in ("all", "figures"):
         stages.append(("figures", lambda w, save: stage_figures(args, sizes, device, w, save)))
     if args.stage in ("all", "learn"):
-        for strategy in (["uniform", "learned"] if args.strategy == "both" else [args.strategy]):
+        for strategy in args.strategy or ["uniform", "learned"]:
             stages.append((f"learn_{strategy}",
                            lambda w, save, s=strategy: stage_learn(args, sizes, device, w, out_dir, s, save)))
     failed = False

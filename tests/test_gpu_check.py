@@ -18,10 +18,11 @@ def gpu_check(*args) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_writes_every_part_of_the_report(tmp_path):
-    proc = gpu_check("--out", str(tmp_path), "--learn-override", "train.lr=0.002")
+    proc = gpu_check("--out", str(tmp_path), "--learn-override", "train.lr=0.002",
+                     "--strategy", "uniform", "--strategy", "learned", "--strategy", "word_start")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = json.loads((tmp_path / "report.json").read_text())
-    assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "tests"]
+    assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "learn_word_start", "tests"]
     assert all(p["meta"]["dry_run"] and not p["meta"]["partial"] for p in parts.values())
     env, tests, figures = (parts[k]["result"] for k in ("env", "tests", "figures"))
     bounds = env["dependency_bounds"]
@@ -62,6 +63,9 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert "| learned (boundaries.learned.scale=1) |" in report
     assert "Where learned's boundaries fall at step" in report and "Where uniform's boundaries fall" in report
     assert "| word-start precision |" in report and learned["probes"][-1]["word_start_precision"] >= 0
+    # a fixed rule at the same FLOPs: word_start's boundaries are all word starts
+    word_start = parts["learn_word_start"]["result"]
+    assert uniform["flops"] <= word_start["flops"] and word_start["boundaries"]["word_start_precision"] == 1.0
     for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
         assert heading in report
     assert "## Failures" not in report
