@@ -34,19 +34,29 @@ def spacelike(x: torch.Tensor) -> torch.Tensor:
     return ~(digit | upper | lower | continuation)
 
 
+def ends_word(byte: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """SpaceByte's rule on a byte and the one before it: the first space-like byte after a word."""
+    return spacelike(byte) & ~spacelike(previous)
+
+
 def whitespace_boundaries(x: torch.Tensor) -> torch.Tensor:
     """(B, T) bytes -> (B, T) bool: spacelike(x_t) and not spacelike(x_{t-1}); False at t = 0."""
-    s = spacelike(x)
-    a = torch.zeros_like(s)
-    a[:, 1:] = s[:, 1:] & ~s[:, :-1]
+    return pairwise(ends_word, x)
+
+
+def pairwise(rule, x: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: `rule(x_t, x_{t-1})` at every t > 0, False at t = 0."""
+    a = torch.zeros_like(x, dtype=torch.bool)
+    a[:, 1:] = rule(x[:, 1:], x[:, :-1])
     return a
 
 
 class Whitespace(BoundaryStrategy):
     name = "whitespace"
+    rule = staticmethod(ends_word)  # (byte, previous byte) -> bool; word_start.py swaps in its own
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        a = (whitespace_boundaries(inp.inputs) & inp.valid) | inp.forced
+        a = (pairwise(self.rule, inp.inputs) & inp.valid) | inp.forced
         return Boundaries(a=a, probs=a.float())
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
@@ -54,6 +64,6 @@ class Whitespace(BoundaryStrategy):
         return torch.full((batch_size,), BOS, dtype=torch.long, device=device)
 
     def step(self, inp: BoundaryStepInput, previous: torch.Tensor) -> BoundaryStep:
-        a = (spacelike(inp.byte) & ~spacelike(previous) & (inp.position > 0)) | inp.forced
+        a = (self.rule(inp.byte, previous) & (inp.position > 0)) | inp.forced
         previous.copy_(inp.byte)
         return BoundaryStep(a=a, probs=a.float())

@@ -18,31 +18,21 @@ from __future__ import annotations
 
 import torch
 
-from ..data.batch import BOS
-from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy
-from .whitespace import spacelike
+from .whitespace import Whitespace, pairwise, spacelike
+
+
+def starts_word(byte: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """The first byte of a word: not space-like, after a space-like byte."""
+    return ~spacelike(byte) & spacelike(previous)
 
 
 def word_start_boundaries(x: torch.Tensor) -> torch.Tensor:
     """(B, T) bytes -> (B, T) bool: not spacelike(x_t) and spacelike(x_{t-1}); False at t = 0."""
-    s = spacelike(x)
-    a = torch.zeros_like(s)
-    a[:, 1:] = ~s[:, 1:] & s[:, :-1]
-    return a
+    return pairwise(starts_word, x)
 
 
-class WordStart(BoundaryStrategy):
+class WordStart(Whitespace):
+    """The whitespace strategy's mechanics (the previous byte as the generation cache) with its own rule."""
+
     name = "word_start"
-
-    def forward(self, inp: BoundaryInput) -> Boundaries:
-        a = (word_start_boundaries(inp.inputs) & inp.valid) | inp.forced
-        return Boundaries(a=a, probs=a.float())
-
-    def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
-        """The previous byte of each row, (B,) int64 (BOS before the first)."""
-        return torch.full((batch_size,), BOS, dtype=torch.long, device=device)
-
-    def step(self, inp: BoundaryStepInput, previous: torch.Tensor) -> BoundaryStep:
-        a = (~spacelike(inp.byte) & spacelike(previous) & (inp.position > 0)) | inp.forced
-        previous.copy_(inp.byte)
-        return BoundaryStep(a=a, probs=a.float())
+    rule = staticmethod(starts_word)
