@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")
     p.add_argument("--learn-override", action="append", default=[], metavar="KEY=VALUE",
-                   help="learn stage: a config override for both runs (repeatable), e.g. train.batch_size=32 "
+                   help="learn stage: a config override for every run (repeatable), e.g. train.batch_size=32 "
                         "train.micro_batches=2 to compare at 32 sequences per step")
     p.add_argument("--learn-seconds", type=float,
                    help="learn stage: seconds of uniform training (after compilation) that set the budget (default 240)")

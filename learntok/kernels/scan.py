@@ -17,8 +17,9 @@ On CPU the scan is a numba-compiled loop, parallel over the batch (B=128, N=4096
 2 cores, against ~200 ms for a Python loop). On a GPU it is Triton kernels that split each row into
 chunks (`_triton_scan_kernels`) doing the same additions in the same order (adding 0.0 for an absent lag
 is exact), so they equal the reference bit for bit too; the tests run them in Triton's CPU interpreter.
-`scan_reference` is the plain version kept for tests. `scan_boundaries` is registered as the custom op `learntok::boundary_scan`, so that
-torch.compile treats the scan as one opaque call instead of failing to trace numba or Triton launches.
+`scan_reference` is the plain version kept for tests. `scan_boundaries` is registered as the custom op
+`learntok::boundary_scan`, so that torch.compile treats the scan as one opaque call instead of failing to
+trace numba or Triton launches.
 """
 
 from __future__ import annotations
