@@ -93,13 +93,16 @@ def test_table_reports_skipped_and_spread_over_seeds():
     from learntok.compare import RunResult
 
     summary = {"rate": 0.2, "whitespace_precision": 0.3, "whitespace_recall": 0.2, "whitespace_share": 0.18,
-               "word_f1": 0.25, "mean_token_bytes": 5.0, "enrichment_B": 1.1, "bpe_f1": 0.3}
+               "word_f1": 0.25, "mean_token_bytes": 5.0, "enrichment_B": 1.1, "bpe_f1": 0.3,
+               "word_start_precision": 0.45, "word_start_recall": 0.35}
     runs = [RunResult("learned", s, "ok", bpb=2.0 + 0.1 * s, flops=1e9, bytes=1e5, analysis={"summary": summary})
             for s in range(2)] + [RunResult("hnet", 0, "skipped", "its data cannot be made")]
     rows = aggregate(runs)
     assert rows[0]["bpb"] == pytest.approx(2.05) and rows[0]["bpb_std_over_seeds"] == pytest.approx(0.0707, abs=1e-4)
     text = table_markdown(rows, 1e9)
     assert "2.050 ± 0.071 (2 seeds)" in text and "| hnet | skipped: its data cannot be made |" in text
+    assert "| 0.300 | 0.200 | 0.450 | 0.350 | 0.300 | 0.250 |" in text  # whitespace, word starts, BPE, words
+    assert len({line.count("|") for line in text.splitlines()}) == 1  # every row has every column
     assert isinstance(CompareSettings(None, ["learned"], 1e9, Path("x")).eval_samples, int)
 
 

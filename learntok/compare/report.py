@@ -50,19 +50,21 @@ def aggregate(results: list[RunResult]) -> list[dict]:
 
 
 def table_markdown(rows: list[dict], budget: float) -> str:
-    head = ("| strategy | held-out bpb | boundary rate | whitespace precision | whitespace recall | F1 vs BPE | "
-            "F1 vs words | bytes per token | enrichment B | training FLOPs | training bytes |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    head = ("| strategy | held-out bpb | boundary rate | whitespace precision | whitespace recall | "
+            "word-start precision | word-start recall | F1 vs BPE | F1 vs words | bytes per token | enrichment B | "
+            "training FLOPs | training bytes |")
+    lines = [head, "|---|" + "---:|" * 12]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['strategy']} | {r['status']}: {r['message']} |" + " |" * 9)
+            lines.append(f"| {r['strategy']} | {r['status']}: {r['message']} |" + " |" * 11)
             continue
         bpb = _fmt(r["bpb"])
         if r["bpb_std_over_seeds"] is not None:
             bpb += f" ± {r['bpb_std_over_seeds']:.3f} ({r['seeds']} seeds)"
         lines.append(
             f"| {r['strategy']} | {bpb} | {_fmt(r['rate'])} | {_fmt(r['whitespace_precision'])} | "
-            f"{_fmt(r['whitespace_recall'])} | {_fmt(r.get('bpe_f1'))} | {_fmt(r['word_f1'])} | "
+            f"{_fmt(r['whitespace_recall'])} | {_fmt(r.get('word_start_precision'))} | "
+            f"{_fmt(r.get('word_start_recall'))} | {_fmt(r.get('bpe_f1'))} | {_fmt(r['word_f1'])} | "
             f"{_fmt(r['mean_token_bytes'], 2)} | {_fmt(r['enrichment_B'], 2)} | {r['flops']:.3g} "
             f"({r['flops'] / budget:.3f}×) | {r['bytes'] / 1e6:.2f}M |")
     return "\n".join(lines)
@@ -285,7 +287,8 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
         (f"Held-out bpb: the trainer's `evaluate` on the same {held_out} for every strategy, boundaries sampled "
          f"({settings.eval_samples} seeded draws for stochastic strategies, 1 for deterministic ones){spread}"),
         (f"Boundary measures on the same held-out batches, forced boundaries (BOS, document starts) excluded. "
-         f"Whitespace is {ws_share:.3f} of these bytes: the whitespace precision of placement blind to it."),
+         f"Whitespace is {ws_share:.3f} of these bytes: the whitespace precision of placement blind to it. "
+         "Word starts: the first byte of each word (the `word_start` strategy's rule)."),
         (f"F1 vs BPE: boundary positions against {reference.description}. BPE merges inside a word depend on "
          f"later bytes, so the `bpe` strategy sees some of the future (paper §4.3, appendix D.1)."),
         ("F1 vs words: against the first space-like byte after each word (SpaceByte's rule; the `whitespace` "

@@ -22,7 +22,8 @@ from learntok.train.metrics import read_metrics
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MEASURES = ("whitespace_precision", "whitespace_recall", "word_f1", "bpe_f1", "mean_token_bytes", "rate")
+MEASURES = ("whitespace_precision", "whitespace_recall", "word_start_precision", "word_f1", "bpe_f1",
+            "mean_token_bytes", "rate")
 
 
 def runs_of(label: str, folder: Path) -> list[dict]:
@@ -52,14 +53,18 @@ def main() -> None:
         runs += runs_of(label, Path(folder))
     settings = list(dict.fromkeys(r["setting"] for r in runs))
     lines = ["| setting | held-out bpb (mean ± sd over seeds) | per seed | whitespace precision | whitespace recall "
-             "| F1 vs words | F1 vs BPE | bytes per token | training bytes |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| word-start precision | F1 vs words | F1 vs BPE | bytes per token | training bytes |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in settings:
         rs = [r for r in runs if r["setting"] == s]
         bpb = [r["bpb"] for r in rs]
         sd = f" ± {statistics.stdev(bpb):.3f}" if len(bpb) > 1 else " (one seed)"
         mean = lambda k: statistics.mean(r[k] for r in rs)  # noqa: E731
+        # runs analysed before word starts were measured lack them
+        starts = "n/a" if any(r["word_start_precision"] is None for r in rs) else f"{mean('word_start_precision'):.3f}"
         lines.append(f"| {s} | {statistics.mean(bpb):.3f}{sd} | {', '.join(f'{b:.3f}' for b in bpb)} "
-                     f"| {mean('whitespace_precision'):.3f} | {mean('whitespace_recall'):.3f} | {mean('word_f1'):.3f} "
+                     f"| {mean('whitespace_precision'):.3f} | {mean('whitespace_recall'):.3f} | {starts} "
+                     f"| {mean('word_f1'):.3f} "
                      f"| {mean('bpe_f1'):.3f} | {mean('mean_token_bytes'):.2f} | {mean('bytes') / 1e6:.2f}M |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(runs, indent=1))
