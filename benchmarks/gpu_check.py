@@ -19,8 +19,10 @@ with a `text` field, or a directory made by `learntok prepare`; its val split is
 run's FLOPs budget is what fits in `--learn-seconds` at its measured speed (fixed after the first steps,
 inside the learning-rate warm-up); the learned run gets the same FLOPs (from the uniform part in the
 report folder, or `--flops`) and the logit scale D = 1 (`Sizes.learned_overrides`); `--strategy word_start`
-or `whitespace` adds a fixed rule at the same FLOPs. Every minute each run prints held-out bpb and where its
-boundaries fall (whitespace and word-start precision, and the start of a held-out sequence cut at them).
+or `whitespace` adds a fixed rule at the same FLOPs, `learned_from_word_start` the learned policy that copies
+the word-start rule for the first 20% of its training bytes and then learns (`Sizes.variants`). Every minute
+each run prints held-out bpb and where its boundaries fall (whitespace and word-start precision, and the
+start of a held-out sequence cut at them).
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class Sizes:
     # its starting point (lr x steps / D ~ 0.1); D = 1 is our best setting at short runs
     # (docs/results/credit_assignment/, section 8)
     learned_overrides: tuple = ("boundaries.learned.scale=1",)
+    # learning runs that are a strategy with settings of their own: (the strategy, its overrides)
+    variants = {"learned_from_word_start": ("learned", (  # the policy starts from a copy of the word-start rule
+        "boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2", "boundaries.target_rate=0.169"))}
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
@@ -528,9 +533,10 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                              f"into {out_dir}, or give --flops")
         flops = json.loads(uniform_part.read_text())["result"]["flops"]
     data_dir = prepared_data(args, work)
+    name, own = sizes.variants.get(strategy, (strategy, ()))
     overrides = [*sizes.learn_overrides, *args.learn_override,
-                 *(sizes.learned_overrides if strategy == "learned" else ()), f"data.source={data_dir}",
-                 f"boundaries.name={strategy}", "train.eval_every=0", "train.checkpoint_every=0", "train.tensorboard=false",
+                 *(sizes.learned_overrides if name == "learned" else ()), *own, f"data.source={data_dir}",
+                 f"boundaries.name={name}", "train.eval_every=0", "train.checkpoint_every=0", "train.tensorboard=false",
                  "train.log_every=10", "train.training_bytes=1e15"]
     cfg = load_config(sizes.learn_config, overrides)
     data = make_data(cfg)
@@ -779,9 +785,11 @@ def write_report(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stage", choices=["all", "tests", "figures", "learn", "report"], default="all")
-    p.add_argument("--strategy", choices=["uniform", "learned", "word_start", "whitespace"], action="append",
+    p.add_argument("--strategy", choices=["uniform", "learned", "word_start", "whitespace", *Sizes.variants],
+                   action="append",
                    help="learn stage: a run, repeatable, in the order given (default: uniform, then learned); "
-                        "uniform first unless --flops is given: its FLOPs are the others' budget")
+                        "uniform first unless --flops is given: its FLOPs are the others' budget; "
+                        "learned_from_word_start: the learned policy started from a copy of the word-start rule")
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")

@@ -19,10 +19,12 @@ def gpu_check(*args) -> subprocess.CompletedProcess:
 
 def test_dry_run_writes_every_part_of_the_report(tmp_path):
     proc = gpu_check("--out", str(tmp_path), "--learn-override", "train.lr=0.002",
-                     "--strategy", "uniform", "--strategy", "learned", "--strategy", "word_start")
+                     "--strategy", "uniform", "--strategy", "learned", "--strategy", "word_start",
+                     "--strategy", "learned_from_word_start")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = json.loads((tmp_path / "report.json").read_text())
-    assert sorted(parts) == ["env", "figures", "learn_learned", "learn_uniform", "learn_word_start", "tests"]
+    assert sorted(parts) == ["env", "figures", "learn_learned", "learn_learned_from_word_start", "learn_uniform",
+                             "learn_word_start", "tests"]
     assert all(p["meta"]["dry_run"] and not p["meta"]["partial"] for p in parts.values())
     env, tests, figures = (parts[k]["result"] for k in ("env", "tests", "figures"))
     bounds = env["dependency_bounds"]
@@ -66,6 +68,11 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     # a fixed rule at the same FLOPs: word_start's boundaries are all word starts
     word_start = parts["learn_word_start"]["result"]
     assert uniform["flops"] <= word_start["flops"] and word_start["boundaries"]["word_start_precision"] == 1.0
+    # the learned policy started from a copy of the word-start rule: a learned run with its own settings
+    copied = parts["learn_learned_from_word_start"]["result"]
+    assert "boundaries.name=learned" in copied["overrides"] and "boundaries.learned.imitate=word_start" in copied["overrides"]
+    assert uniform["flops"] <= copied["flops"]
+    assert "| learned_from_word_start (boundaries.learned.scale=1, boundaries.learned.imitate=word_start," in report
     for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
         assert heading in report
     assert "## Failures" not in report

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from learntok.config import ConfigError
 from learntok.boundaries import STRATEGIES, BoundaryInput, LossInputs, build_strategy
 from learntok.boundaries.dynamic_pooling import binomial_log_pmf
 from learntok.boundaries.hnet import ema_chunked, ema_reference
@@ -356,7 +357,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def train_a_few_steps(name: str, steps: int = 20, tmp_path=None, **extra) -> list[dict]:
+def trainer_on_text(name: str, steps: int, tmp_path, **extra):
+    """A trainer for a tiny model of strategy `name` on `text_stream`, planned for `steps` steps."""
     from learntok.data.demo import StreamBatches, stream_eval_batches
     from learntok.data.loader import DataSources
     from learntok.train.trainer import Trainer
@@ -368,7 +370,12 @@ def train_a_few_steps(name: str, steps: int = 20, tmp_path=None, **extra) -> lis
     bits = supplied_bits(name, stream)
     data = DataSources(StreamBatches(stream, cfg.train.seq_len, cfg.train.batch_size, boundaries=bits),
                        stream_eval_batches(stream, cfg.train.seq_len, 2, 1, boundaries=bits), "test text")
-    trainer = Trainer(cfg, tmp_path, progress=False, data=data)
+    return Trainer(cfg, tmp_path, progress=False, data=data)
+
+
+def train_a_few_steps(name: str, steps: int = 20, tmp_path=None, trainer=None, **extra) -> list[dict]:
+    """The metrics of `steps` training steps (of `trainer` where given, else of `trainer_on_text`'s)."""
+    trainer = trainer or trainer_on_text(name, steps, tmp_path, **extra)
     rows = []
     for _ in range(steps):
         m = trainer.train_step(trainer.data.train.next_batch())
@@ -423,6 +430,79 @@ def test_learned_ablations_train(extra, tmp_path, one_thread):
     rows = train_a_few_steps("learned", steps=16, tmp_path=tmp_path, learned=extra)
     assert_learns(rows)
     assert 0.05 < realised_rate(rows) < 0.4
+
+
+@pytest.mark.parametrize("rule", ["word_start", "whitespace"])
+def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
+    """`imitate`: for the first `imitate_until` of the training bytes training executes the rule and the
+    policy's only loss is its cross-entropy against it; after that the policy samples and the paper's
+    losses take over, from a policy that has copied the rule."""
+    from learntok.boundaries.learned import RULES
+    from learntok.boundaries.whitespace import pairwise
+    trainer = trainer_on_text("learned", 40, tmp_path, learned={"imitate": rule, "imitate_until": 0.5, "scale": 1.0})
+    model, strategy = trainer.model, trainer.model.boundaries
+    copying = train_a_few_steps("learned", 20, trainer=trainer)
+    assert all("loss_imitate" in r and "loss_policy" not in r for r in copying)
+    assert np.mean([r["loss_imitate"] for r in copying[-4:]]) < 0.3 * np.mean([r["loss_imitate"] for r in copying[:4]])
+
+    x = trainer.data.train.next_batch().inputs
+    with torch.no_grad():
+        executed = model(x).boundaries.a  # still imitating: the rule, whatever the uniforms
+        assert strategy.imitating
+        want = pairwise(RULES[rule], x) & (x != PAD)
+        want[:, 0] = True
+        assert torch.equal(executed, want)
+        model.eval()  # evaluation samples the policy: after 20 steps it has copied the rule
+        copied = model(x, uniforms=torch.full(x.shape, 0.5)).boundaries.a
+        model.train()
+        strategy.set_progress(0.5)  # imitation over: training samples the policy too
+        sampled = model(x, generator=torch.Generator().manual_seed(0)).boundaries.a
+    # (placement blind to the rule at its rate agrees on about 0.73 of the decisions)
+    assert (copied == want).float().mean() > 0.95 and (sampled == want).float().mean() > 0.9
+    assert not torch.equal(sampled, want)  # drawn, not the rule
+
+    learning = train_a_few_steps("learned", 20, trainer=trainer)
+    assert not strategy.imitating
+    assert all("loss_policy" in r and "loss_target" in r and "loss_imitate" not in r for r in learning)
+
+
+def test_a_run_that_imitates_resumes_exactly(tmp_path):
+    """The imitation's end is read from the bytes seen, so a run resumed inside it switches at the same step."""
+    from conftest import memory_data
+    from learntok.train.checkpoint import list_checkpoints
+    from learntok.train.metrics import read_metrics
+    from learntok.train.trainer import Trainer
+    from test_train import without_timing
+
+    def trainer(run_dir, resume=False, checkpoint_every=0):
+        cfg = tiny_config(name="learned", learned={"imitate": "word_start", "imitate_until": 0.5})
+        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
+        cfg.train.training_bytes = 6 * cfg.train.batch_size * cfg.train.seq_len
+        cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every = 1, 0, checkpoint_every
+        cfg.train.keep_checkpoints = 0
+        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+
+    trainer(tmp_path / "ref").train()
+    trainer(tmp_path / "run", checkpoint_every=2).train()
+    for later in list_checkpoints(tmp_path / "run")[1:]:
+        later.rename(tmp_path / "run" / f"old_{later.name}")
+    resumed = trainer(tmp_path / "run", resume=True, checkpoint_every=2)
+    assert resumed.step == 2  # inside the imitation, which ends after step 3
+    resumed.train()
+    rows = read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    assert ["loss_imitate" in r for r in rows] == [True] * 3 + [False] * 3
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"imitate": "bpe", "imitate_until": 0.2}, "use whitespace or word_start"),
+    ({"imitate_until": 0.2}, "needs a rule to copy"),
+    ({"imitate": "word_start", "imitate_until": 1.5}, "must lie in"),
+    ({"imitate": "whitespace"}, "whitespace is never copied")])
+def test_imitation_options_are_checked(options, message):
+    from learntok.boundaries import check
+    with pytest.raises(ConfigError, match=message):
+        check(tiny_config(name="learned", learned=options).boundaries)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))

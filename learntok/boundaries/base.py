@@ -5,7 +5,7 @@ whatever it needs for its loss), and may override how bytes are pooled into toke
 distributed back to bytes. What the rest of learntok uses, and nothing else, so that adding a strategy
 is one new module and a line in the registry (`boundaries/__init__.py`):
   training     `forward`, `pool`, `unpool`, `losses` (with `batch_stats` when they need the whole batch),
-               `update` (running state) and `metrics`
+               `update` (running state), `set_progress` (where the run is) and `metrics`
   generation   `allocate_inference_cache`, `step`, `pool_step`, `unpool_step`
   files        `save_files`, `load_files`, `keep_segmenter`; accounting `n_matrix_params`
   capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `user_supplied`, `can_segment`,
@@ -212,6 +212,10 @@ class BoundaryStrategy(nn.Module):
         log-likelihoods reach `losses` as `LossInputs.logp_baseline` (the learned policy's `draw`
         centering), as (rows,) bool; None (the default): no such draw."""
         return None
+
+    def set_progress(self, share: float) -> None:
+        """The share of the run's training bytes seen so far, before every training step (a schedule over
+        the run: the learned policy's `imitate_until`). Default: ignored."""
 
     def update(self, bnd: Boundaries, inp: LossInputs) -> None:
         """Update running state from a training forward pass (the entropy strategy's calibrated threshold),

@@ -21,12 +21,19 @@ leave-one-out; it removes what the batch mean cannot, how hard this sequence's t
 sequences train the policy, their rewards scaled by 1 / draw_share so that the policy loss keeps its size;
 every sequence trains the language model.
 
+Beyond the paper, `imitate`: for the first `imitate_until` of the training bytes, training executes a fixed
+rule's boundaries (`whitespace` or `word_start`) instead of sampling, and the policy loss is the
+cross-entropy of the policy against them (the target-rate loss is off), so the language model trains on the
+rule and the policy copies it; from then on the policy samples and learns as above, starting from the
+rule. Evaluation always samples the policy.
+
 Sampling: the W_j X_i for all i, j come from one matmul; the sequential part runs in the compiled scan
 of `learntok.kernels.scan`; log pi(a_i) is then recomputed with gradient from the sampled a, vectorised.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,8 +49,11 @@ from ..objectives import (binary_entropy_from_logits, masked_mean, policy_advant
                           policy_losses)
 from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
                    StrategyOptions)
+from .whitespace import Whitespace, pairwise
+from .word_start import WordStart
 
 CENTERINGS = ("mean", "leave_one_out", "group", "group_loo", "draw", "none")
+RULES = {cls.name: cls.rule for cls in (Whitespace, WordStart)}  # what `imitate` may name
 
 
 @dataclass
@@ -61,6 +71,8 @@ class LearnedOptions(StrategyOptions):
     lambda_policy: float = 1e-2  # weight of the policy loss
     lambda_target: float = 1e-2  # weight of the target-rate loss (0 disables it)
     train_encoder: bool = True  # the policy's losses also train the encoder through X (false: only W)
+    imitate: str = ""  # a fixed rule (whitespace | word_start) that training executes and the policy copies ...
+    imitate_until: float = 0.0  # ... for this share of the training bytes; then the policy samples and learns
 
     def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
         if self.lags < 0:
@@ -75,6 +87,14 @@ class LearnedOptions(StrategyOptions):
             yield "batch_centering", "draw makes its own second draw: use it with boundaries.group_size=1"
         if not 0.0 < self.draw_share <= 1.0:
             yield "draw_share", "must lie in (0, 1]"
+        if self.imitate and self.imitate not in RULES:
+            yield "imitate", f"use {' or '.join(RULES)}, or leave it empty"
+        if not 0.0 <= self.imitate_until <= 1.0:
+            yield "imitate_until", "must lie in [0, 1]"
+        elif self.imitate_until > 0 and not self.imitate:
+            yield "imitate_until", "needs a rule to copy: set boundaries.learned.imitate"
+        elif self.imitate and self.imitate_until == 0:
+            yield "imitate_until", f"is 0, so {self.imitate} is never copied: give the share of the training bytes (e.g. 0.2)"
 
 
 @dataclass
@@ -105,6 +125,10 @@ class LearnedPolicy(BoundaryStrategy):
         super().__init__(cfg, d_model)
         self.lags = self.options.lags
         self.proj = nn.Linear(d_model, 1 + self.lags, bias=False)  # rows: W_0, W_1 .. W_w
+        self.imitating = False  # training executes the rule `imitate` and the policy copies it (`set_progress`)
+
+    def set_progress(self, share: float) -> None:
+        self.imitating = bool(self.options.imitate) and share < self.options.imitate_until
 
     def scaled_logit_terms(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """base_i = W_0 X_i / D + logit(target) (B, T) and lag_{i,j} = W_j X_i / D (B, T, w)."""
@@ -113,6 +137,9 @@ class LearnedPolicy(BoundaryStrategy):
         return z[..., 0] + math.log(self.cfg.target_rate / (1 - self.cfg.target_rate)), z[..., 1:]
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
+        if self.training and self.imitating:  # the rule's decisions: u = 0 takes a boundary, u = 1 none
+            rule = pairwise(RULES[self.options.imitate], inp.inputs)
+            inp = dataclasses.replace(inp, uniforms=(~rule).float())
         return self._policy(inp)
 
     def _policy(self, inp: BoundaryInput, past: torch.Tensor | None = None) -> PolicyBoundaries:
@@ -196,10 +223,14 @@ class LearnedPolicy(BoundaryStrategy):
         return (inp.logp - inp.logp_early if self.options.early_exit_reward else inp.logp).detach()
 
     def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
+        if self.imitating:  # the imitation loss is a mean over rows: no batch statistics
+            return {}
         return policy_batch_stats(self._rewards(inp), bnd.probs, self._decide(inp), inp.valid, gamma=self.options.gamma)
 
     def losses(self, bnd: PolicyBoundaries, inp: LossInputs,
                stats: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[float, torch.Tensor]]:
+        if self.imitating:  # -log pi(the rule's decision), the decisions executed
+            return {"imitate": (1.0, masked_mean(-bnd.log_prob, self._decide(inp)))}
         loss_policy, loss_target = policy_losses(
             bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), self._decide(inp), inp.valid,
             gamma=self.options.gamma, centering=self.options.batch_centering, target_rate=self.cfg.target_rate,
