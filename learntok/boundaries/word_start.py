@@ -7,7 +7,8 @@ so "Hi, you" -> "H" | "i, y" | "ou". A text has as many word starts as word ends
 whitespace strategy's (give or take one per row), but each token now holds the first byte of the word it
 opens: the token level predicts the rest of a word knowing how it begins, where after a whitespace
 boundary it must guess the word's first byte from the token before. On the prose corpus at 1.1e13 FLOPs
-it is ahead of both whitespace and uniform boundaries (docs/results/credit_assignment/, section 14).
+it is ahead of both whitespace and uniform boundaries; on Python code it is level with whitespace
+(docs/results/credit_assignment/, section 14).
 
 Causal by construction: a_t reads x_{t-1} and x_t only. No parameters, no loss, no rate control. A row
 that opens mid-word (packed data) gets a boundary at its first byte if that is a letter or digit, as
