@@ -437,21 +437,31 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
     """`imitate`: for the first `imitate_until` of the training bytes training executes the rule and the
     policy's only loss is its cross-entropy against it; after that the policy samples and the paper's
     losses take over, from a policy that has copied the rule."""
+    import torch.nn.functional as F
     from learntok.boundaries.learned import RULES
     from learntok.boundaries.whitespace import pairwise
+    from learntok.train.accumulate import log_likelihoods
     trainer = trainer_on_text("learned", 40, tmp_path, learned={"imitate": rule, "imitate_until": 0.5, "scale": 1.0})
     model, strategy = trainer.model, trainer.model.boundaries
     copying = train_a_few_steps("learned", 20, trainer=trainer)
     assert all("loss_imitate" in r and "loss_policy" not in r for r in copying)
     assert np.mean([r["loss_imitate"] for r in copying[-4:]]) < 0.3 * np.mean([r["loss_imitate"] for r in copying[:4]])
 
-    x = trainer.data.train.next_batch().inputs
+    batch = trainer.data.train.next_batch()
+    x = batch.inputs
     with torch.no_grad():
-        executed = model(x).boundaries.a  # still imitating: the rule, whatever the uniforms
+        out = model(x)
+        executed = out.boundaries.a  # still imitating: the rule, whatever the uniforms
         assert strategy.imitating
         want = pairwise(RULES[rule], x) & (x != PAD)
         want[:, 0] = True
         assert torch.equal(executed, want)
+        # the loss: -log pi(the rule's decision), averaged over the free decisions
+        logits = out.boundaries.logits
+        nll = -torch.where(want, F.logsigmoid(logits), F.logsigmoid(-logits))
+        free = (x != PAD) & ~out.forced
+        loss = strategy.losses(out.boundaries, log_likelihoods(out, batch)[2])
+        assert loss.keys() == {"imitate"} and torch.allclose(loss["imitate"][1], nll[free].mean())
         model.eval()  # evaluation samples the policy: after 20 steps it has copied the rule
         copied = model(x, uniforms=torch.full(x.shape, 0.5)).boundaries.a
         model.train()
