@@ -20,7 +20,8 @@ run's FLOPs budget is what fits in `--learn-seconds` at its measured speed (fixe
 inside the learning-rate warm-up); the learned run gets the same FLOPs (from the uniform part in the
 report folder, or `--flops`) and the logit scale D = 1 (`Sizes.learned_overrides`); `--strategy word_start`
 or `whitespace` adds a fixed rule at the same FLOPs, `learned_from_word_start` the learned policy that copies
-the word-start rule for the first 20% of its training bytes and then learns (`Sizes.variants`). Every minute
+the word-start rule for the first 20% of its training bytes and then learns, `..._without_gradient` its control
+(the copy sampled, no policy gradient; `Sizes.variants`). Every minute
 each run prints held-out bpb and where its boundaries fall (whitespace and word-start precision, and the
 start of a held-out sequence cut at them).
 """
@@ -56,6 +57,10 @@ CUDA_TESTS = ["tests/test_cuda.py", "tests/test_scan.py", "tests/test_attention.
 PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "matplotlib", "numpy"]
 
 
+COPY_WORD_START = ("boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2",
+                   "boundaries.target_rate=0.169")
+
+
 @dataclasses.dataclass
 class Sizes:
     """What each stage runs. `real()` is the acceptance run; `dry()` runs every line on a CPU in about a minute."""
@@ -85,8 +90,10 @@ class Sizes:
     # (docs/results/credit_assignment/, section 8)
     learned_overrides: tuple = ("boundaries.learned.scale=1",)
     # learning runs that are a strategy with settings of their own: (the strategy, its overrides)
-    variants = {"learned_from_word_start": ("learned", (  # the policy starts from a copy of the word-start rule
-        "boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2", "boundaries.target_rate=0.169"))}
+    # (learned_from_word_start: the policy starts from a copy of the word-start rule; its control samples the copy
+    # with no policy gradient, which tells a gain of the gradient from one of the copy: section 15)
+    variants = {"learned_from_word_start": ("learned", COPY_WORD_START),
+                "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0"))}
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
@@ -516,6 +523,13 @@ def prepared_data(args, work: Path) -> Path:
     return out
 
 
+def learn_run_overrides(sizes: Sizes, strategy: str, extra: list[str]) -> list[str]:
+    """The config overrides of one learning run: a strategy, or a variant of one (`Sizes.variants`)."""
+    name, own = sizes.variants.get(strategy, (strategy, ()))
+    return [*sizes.learn_overrides, *extra, *(sizes.learned_overrides if name == "learned" else ()), *own,
+            f"boundaries.name={name}"]
+
+
 def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str, save) -> dict:
     from learntok.analysis import analyse
     from learntok.config import load_config
@@ -533,10 +547,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                              f"into {out_dir}, or give --flops")
         flops = json.loads(uniform_part.read_text())["result"]["flops"]
     data_dir = prepared_data(args, work)
-    name, own = sizes.variants.get(strategy, (strategy, ()))
-    overrides = [*sizes.learn_overrides, *args.learn_override,
-                 *(sizes.learned_overrides if name == "learned" else ()), *own, f"data.source={data_dir}",
-                 f"boundaries.name={name}", "train.eval_every=0", "train.checkpoint_every=0", "train.tensorboard=false",
+    overrides = [*learn_run_overrides(sizes, strategy, args.learn_override), f"data.source={data_dir}",
+                 "train.eval_every=0", "train.checkpoint_every=0", "train.tensorboard=false",
                  "train.log_every=10", "train.training_bytes=1e15"]
     cfg = load_config(sizes.learn_config, overrides)
     data = make_data(cfg)
@@ -789,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
                    action="append",
                    help="learn stage: a run, repeatable, in the order given (default: uniform, then learned); "
                         "uniform first unless --flops is given: its FLOPs are the others' budget; "
-                        "learned_from_word_start: the learned policy started from a copy of the word-start rule")
+                        "learned_from_word_start: the learned policy started from a copy of the word-start rule; "
+                        "learned_from_word_start_without_gradient: the same with no policy gradient (its control)")
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")

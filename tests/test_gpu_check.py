@@ -109,3 +109,20 @@ def test_kernels_are_summed_by_kind():
                              "flash_fwd_kernel<cutlass::bfloat16_t>": 1.0,
                              "multi_tensor_apply_kernel": 1.0, "triton_poi_fused_add_mul_0": 0.125})
     assert kinds == {"matrix products": 3.0, "attention": 3.0, "boundary scan": 0.25, "optimizer": 1.0, "other": 0.125}
+
+
+def test_every_learning_run_has_a_valid_config():
+    """A typo in a learning run's overrides fails here, not on the first GPU that runs it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import Sizes, learn_run_overrides
+    from learntok.boundaries import STRATEGIES, check
+    from learntok.config import load_config
+    sizes = Sizes.real()
+    runs = {}
+    for strategy in ("uniform", "learned", "word_start", "whitespace", *sizes.variants):
+        cfg = load_config(sizes.learn_config, learn_run_overrides(sizes, strategy, []))
+        check(cfg.boundaries)  # raises on an unknown or unusable option
+        runs[strategy] = STRATEGIES[cfg.boundaries.name].read_options(cfg.boundaries)
+    copy, control = runs["learned_from_word_start"], runs["learned_from_word_start_without_gradient"]
+    assert copy.imitate == control.imitate == "word_start" and copy.imitate_until == control.imitate_until == 0.2
+    assert copy.lambda_policy > 0 and control.lambda_policy == 0 and copy.scale == control.scale == 1
