@@ -91,7 +91,8 @@ class Sizes:
     learned_overrides: tuple = ("boundaries.learned.scale=1",)
     # learning runs that are a strategy with settings of their own: (the strategy, its overrides)
     # (learned_from_word_start: the policy starts from a copy of the word-start rule; its control samples the copy
-    # with no policy gradient, which tells a gain of the gradient from one of the copy: section 15)
+    # with no policy gradient, which tells a gain of the gradient from one of the copy: docs/results/credit_assignment/,
+    # section 15)
     variants = {"learned_from_word_start": ("learned", COPY_WORD_START),
                 "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0"))}
     learn_seconds: float = 240.0
