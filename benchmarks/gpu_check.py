@@ -57,6 +57,7 @@ CUDA_TESTS = ["tests/test_cuda.py", "tests/test_scan.py", "tests/test_attention.
 PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "matplotlib", "numpy"]
 
 
+LEARN_STRATEGIES = ("uniform", "learned", "word_start", "whitespace")  # learning runs of a strategy as it is
 COPY_WORD_START = ("boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2",
                    "boundaries.target_rate=0.169")
 
@@ -798,7 +799,7 @@ def write_report(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stage", choices=["all", "tests", "figures", "learn", "report"], default="all")
-    p.add_argument("--strategy", choices=["uniform", "learned", "word_start", "whitespace", *Sizes.variants],
+    p.add_argument("--strategy", choices=[*LEARN_STRATEGIES, *Sizes.variants],
                    action="append",
                    help="learn stage: a run, repeatable, in the order given (default: uniform, then learned); "
                         "uniform first unless --flops is given: its FLOPs are the others' budget; "

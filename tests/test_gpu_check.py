@@ -114,12 +114,12 @@ def test_kernels_are_summed_by_kind():
 def test_every_learning_run_has_a_valid_config():
     """A typo in a learning run's overrides fails here, not on the first GPU that runs it."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import Sizes, learn_run_overrides
+    from gpu_check import LEARN_STRATEGIES, Sizes, learn_run_overrides
     from learntok.boundaries import STRATEGIES, check
     from learntok.config import load_config
     sizes = Sizes.real()
     runs = {}
-    for strategy in ("uniform", "learned", "word_start", "whitespace", *sizes.variants):
+    for strategy in (*LEARN_STRATEGIES, *sizes.variants):  # every run --strategy offers
         cfg = load_config(sizes.learn_config, learn_run_overrides(sizes, strategy, []))
         check(cfg.boundaries)  # raises on an unknown or unusable option
         runs[strategy] = STRATEGIES[cfg.boundaries.name].read_options(cfg.boundaries)
