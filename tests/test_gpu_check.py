@@ -45,7 +45,8 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
                                                                  "optimizer", "other"}
     generation = figures["generation"]
     assert generation["same_bytes_and_boundaries"] is True and generation["batched_bytes_s"] > 0
-    assert generation["compiled_bytes_s"] > 0 and generation["compiled_batched_bytes_s"] > 0
+    compiled = figures["compiled_generation"]
+    assert compiled["compiled_bytes_s"] > 0 and compiled["compiled_batched_bytes_s"] > 0
     assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
     uniform, learned = parts["learn_uniform"]["result"], parts["learn_learned"]["result"]
     # the learned run stops at the first step that reaches the uniform run's FLOPs

@@ -152,17 +152,22 @@ def flex_attention(q, k, v, window: int | None, cap: float | None, block: int = 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score if cap is None else cap * torch.tanh(score / cap)
 
+    options = None
     if q.is_cuda:
         if _compiled_flex is None:
             # automatic dynamic shapes: the token level's length changes from batch to batch, and one
             # static compilation per length would soon hit dynamo's recompile limit (then run unfused)
             _compiled_flex = torch.compile(flex)
         run = _compiled_flex
+        if block < 128:
+            # Inductor's tiles on Hopper are up to 128 x 128 and must divide the mask's blocks, so smaller
+            # blocks fail to compile unless the forward (M, N) and backward (M1, N1, M2, N2) tiles fit them
+            options = {tile: block for tile in ("BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")}
     else:
         run = flex
     with warnings.catch_warnings():  # "called without torch.compile": intended on a CPU
         warnings.simplefilter("ignore", UserWarning)
-        return run(q, k, v, score_mod=score_mod, block_mask=_FLEX_BLOCK_MASKS[key])
+        return run(q, k, v, score_mod=score_mod, block_mask=_FLEX_BLOCK_MASKS[key], kernel_options=options)
 
 
 def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
