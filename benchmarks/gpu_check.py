@@ -704,12 +704,14 @@ def render_figures(fig: dict) -> list[str]:
                 f"median of {tp['steps']} steps after {tp['warmup']} (steps interleaved), MFU against "
                 f"{fmt(tp['peak_tflops'], '.0f')} TFLOP/s:", "",
                 "| run | rows | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU "
-                "| its peak memory (GiB) |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| its peak memory (GiB) | host ops |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in tp["rows"]:
             out.append(f"| {r['run']} | {r.get('micro_batch', tp['batch'][0])} | {r['step_s'] * 1e3:.1f} | "
                        f"{r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | {r['padding']:.3f} | {r['flops_s'] / 1e12:.2f} | "
-                       f"{fmt(r['mfu'], '.1%')} | {r['peak_gib']:.2f} |")
+                       f"{fmt(r['mfu'], '.1%')} | {r['peak_gib']:.2f} | {r.get('host_ops', 'n/a')} |")
+        out += ["", "Host ops: the PyTorch operations a step dispatches from Python outside compiled graphs, on a "
+                "GPU about one kernel launch each."]
         mfu = tp["rows"][0]["mfu"]
         out += ["", f"learned / uniform step time: {tp['learned_over_uniform']:.3f} (target <= "
                 f"{TARGETS['learned_over_uniform']}: {verdict(tp['learned_over_uniform'], TARGETS['learned_over_uniform'])}); "

@@ -5,7 +5,8 @@
 
 Prints a table (it asserts nothing): step time, bytes/s, tokens/s, token-attention padding, model FLOPs
 utilisation (paper §4.2 accounting against --peak-tflops, default 989 bf16 dense for an H100 SXM on
-CUDA, none on CPU), peak memory, and the learned/fixed step-time ratio. `--dense-baseline` adds the
+CUDA, none on CPU), peak memory, the operations a step dispatches from Python outside compiled graphs
+(host ops: on a GPU about one kernel launch each), and the learned/fixed step-time ratio. `--dense-baseline` adds the
 same model with plain dense-mask attention (the "plain eager implementation" to compare against).
 `--group-sizes 2,4` adds the learned policy with K boundary draws per sequence (`boundaries.group_size`,
 the same batch of sequences) and prints each one's cost per byte of text relative to K = 1. `--scoring`
@@ -118,6 +119,28 @@ class ScoringRun(Run):
         return out
 
 
+def host_operations(run: Run) -> int:
+    """The PyTorch operations one training step dispatches from Python outside compiled graphs (forward and
+    backward; calls made inside another operation not counted again). On a GPU nearly each launches a kernel,
+    at several microseconds of host time apiece, so where the host is slower than the GPU they set the pace."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run.step(timed=False)
+
+    def counted(e) -> bool:
+        if not e.name.startswith("aten::"):
+            return False
+        parent = e.cpu_parent
+        if parent is not None and parent.name.startswith("aten::"):
+            return False
+        while parent is not None:  # "Torch-Compiled Region", CompiledFunction and its backward
+            if "Compiled" in parent.name:
+                return False
+            parent = parent.cpu_parent
+        return True
+    return sum(counted(e) for e in prof.events())
+
+
 def measure(runs: list[Run], steps: int, warmup: int) -> list[dict]:
     """Interleaved: one step of each run in turn, so that a change in the machine's speed (another
     process, clock scaling) hits every run alike. Peak memory: per run on CUDA, its own (its weights, and
@@ -138,6 +161,7 @@ def measure(runs: list[Run], steps: int, warmup: int) -> list[dict]:
             r.step(timed=True)
     for r in runs:
         out = r.result()
+        out["host_ops"] = host_operations(r)
         out["peak_gib"] = (r.peak if r.peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30
         results.append(out)
     return results
@@ -185,12 +209,12 @@ def main() -> None:
     print(f"config {args.config} {' '.join(args.overrides)}: batch {cfg.train.batch_size} x {cfg.train.seq_len} bytes, "
           f"device {device}{' bf16' if args.bf16 else ' fp32'}{' compiled' if args.compile else ''}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print("| strategy | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| strategy | step (ms) | bytes/s | tokens/s | token padding | TFLOP/s | MFU | peak mem (GiB) | host ops |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         mfu = f"{r['flops_s'] / 1e12 / peak:.1%}" if peak else "n/a"
         print(f"| {name} | {r['step_s'] * 1e3:.1f} | {r['bytes_s']:,.0f} | {r['tokens_s']:,.0f} | {r['padding']:.3f} | "
-              f"{r['flops_s'] / 1e12:.3f} | {mfu} | {r['peak_gib']:.2f} |")
+              f"{r['flops_s'] / 1e12:.3f} | {mfu} | {r['peak_gib']:.2f} | {r['host_ops']} |")
     learned, fixed = rows[0][1], rows[1][1]
     print(f"\n(median of {args.steps} steps per row after {args.warmup} warm-up steps; the rows' steps interleaved)")
     print(f"\nlearned / {args.fixed} step time: {learned['step_s'] / fixed['step_s']:.3f}")

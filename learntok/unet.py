@@ -111,8 +111,9 @@ class ByteUNet(nn.Module):
         self.early_head.load_state_dict(copy.deepcopy(self.head.state_dict()))
 
     def compile_layers(self, *, dynamic: bool | None = None, backend: str = "inductor") -> None:
-        """torch.compile the three transformer stacks and both heads, in place (parameter names, and so
-        checkpoints, are unchanged); the index maths and the strategy between them stay eager. The
+        """torch.compile the three transformer stacks, both heads and the strategy's tensor maths
+        (`BoundaryStrategy.compiled`), in place (parameter names, and so checkpoints, are unchanged); the
+        index maths and the sampling between them stay eager. The
         token level is traced for any token count (`forward` marks it dynamic); `dynamic=True` makes
         the batch size and the byte length symbolic as well, for callers whose rows vary in length
         (scoring); the default specialises them (training, whose batch shape is fixed). Compiling costs
@@ -120,6 +121,7 @@ class ByteUNet(nn.Module):
         seconds, not optimised: for dry runs)."""
         for layer in (self.encoder, self.mid, self.decoder, self.head, self.early_head):
             layer.compile(dynamic=dynamic, backend=backend)
+        self.boundaries.compile_methods(dynamic=dynamic, backend=backend)
         self.layers_compiled = True
 
     def encode(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -127,6 +127,8 @@ class LearnedPolicy(BoundaryStrategy):
         self.proj = nn.Linear(d_model, 1 + self.lags, bias=False)  # rows: W_0, W_1 .. W_w
         self.imitating = False  # training executes the rule `imitate` and the policy copies it (`set_progress`)
 
+    compiled = (*BoundaryStrategy.compiled, "scaled_logit_terms", "executed_log_probs")
+
     def set_progress(self, share: float) -> None:
         self.imitating = bool(self.options.imitate) and share < self.options.imitate_until
 
@@ -149,13 +151,22 @@ class LearnedPolicy(BoundaryStrategy):
         cap = self.options.softcap if self.training else None
         a = self.sample(base, lag, inp, cap, past)
         executed = a if past is None else torch.cat([past, a], dim=1)
+        logits, log_prob, probs = self.executed_log_probs(base, lag, executed, cap)
+        return PolicyBoundaries(a=a, probs=probs, logits=logits, log_prob=log_prob)
+
+    def executed_log_probs(self, base: torch.Tensor, lag: torch.Tensor, executed: torch.Tensor, cap: float | None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The logits, log pi(a_i) and probabilities of the last n decisions of `executed` (B, n + its past),
+        with gradient through `base` (B, n) and `lag` (B, n, w)."""
+        n = base.shape[1]
+        a = executed[:, executed.shape[1] - n:]
         l_scaled = base
         if self.lags:
-            lags = lagged(executed.to(lag.dtype), self.lags)[:, executed.shape[1] - a.shape[1]:]  # (B, n, w)
+            lags = lagged(executed.to(lag.dtype), self.lags)[:, executed.shape[1] - n:]  # (B, n, w)
             l_scaled = base + (lags * lag).sum(-1)
         logits = softcap(l_scaled, cap)
         log_prob = torch.where(a, F.logsigmoid(logits), F.logsigmoid(-logits))
-        return PolicyBoundaries(a=a, probs=torch.sigmoid(logits), logits=logits, log_prob=log_prob)
+        return logits, log_prob, torch.sigmoid(logits)
 
     @torch.no_grad()
     def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None,
