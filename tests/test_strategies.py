@@ -541,3 +541,31 @@ def test_capability_attributes_say_what_the_strategy_does(name):
         assert torch.equal(decided, (half.boundaries.probs > 0.5)[free])
         assert 0 < decided.float().mean() < 1  # a real mix of decisions
         assert model.boundaries.stochastic
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_compiled_methods_give_the_eager_gradient(name):
+    """The methods a strategy names in `compiled` (`train.compile` compiles them in place) give the losses,
+    metrics and gradient of the eager ones, over two micro-batches. aot_eager traces what inductor would be
+    given (tests/test_train_accumulate.py runs inductor on the learned policy's)."""
+    import copy
+
+    from test_causality import supplied_for
+    cfg = tiny_config(name=name)
+    torch.manual_seed(0)
+    eager = ByteUNet(cfg.model, cfg.boundaries)
+    compiled = copy.deepcopy(eager)
+    compiled.boundaries.compile_methods(dynamic=None, backend="aot_eager")
+    batch = Batch.from_sequences(random_inputs(4, 64, seed=3))
+    batch.boundaries = supplied_for(eager, batch.inputs)
+    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for model in (eager, compiled):
+        metrics = accumulate_gradients(model, batch, 2, uniforms=u)
+        results.append(({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, metrics))
+    (g_eager, m_eager), (g_compiled, m_compiled) = results
+    assert g_compiled.keys() == g_eager.keys() and set(m_compiled) == set(m_eager)
+    for k in g_eager:
+        assert torch.allclose(g_compiled[k], g_eager[k], rtol=1e-4, atol=1e-7), k
+    for k in m_eager:
+        assert float(m_compiled[k]) == pytest.approx(float(m_eager[k]), rel=1e-4, abs=1e-6), k
