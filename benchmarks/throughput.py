@@ -6,8 +6,9 @@
 Prints a table (it asserts nothing): step time, bytes/s, tokens/s, token-attention padding, model FLOPs
 utilisation (paper §4.2 accounting against --peak-tflops, default 989 bf16 dense for an H100 SXM on
 CUDA, none on CPU), peak memory, the operations a step dispatches from Python outside compiled graphs
-(host ops: on a GPU about one kernel launch each), and the learned/fixed step-time ratio. `--dense-baseline` adds the
-same model with plain dense-mask attention (the "plain eager implementation" to compare against).
+(host ops: on a GPU about one kernel launch each), and the learned/fixed step-time ratio.
+`--dense-baseline` adds the same model with plain dense-mask attention (the "plain eager implementation"
+to compare against).
 `--group-sizes 2,4` adds the learned policy with K boundary draws per sequence (`boundaries.group_size`,
 the same batch of sequences) and prints each one's cost per byte of text relative to K = 1. `--scoring`
 adds held-out scoring of the same batch (eval mode, forward only) and its bytes/s relative to training.
