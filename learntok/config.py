@@ -101,7 +101,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # how many checkpoints to keep (0: all)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # CPU threads of torch and of the boundary scan (0: their defaults)
-    compile: bool = False  # torch.compile the three transformer stacks and both heads (costs 40-90 s on a CPU)
+    compile: bool = False  # torch.compile the three transformer stacks, both heads and the strategy's tensor maths (costs 40-90 s on a CPU)
     parallel: str = "none"  # none | ddp | fsdp: data parallelism over torchrun's processes (docs/training.md)
     #   ddp: replicated weights, gradients all-reduced once per step; fsdp: FSDP2, weights/grads/moments sharded
     precision: str = "fp32"  # fp32 | bf16: bf16 autocast, fp32 master weights (for GPUs; ~10x slower on a CPU)
