@@ -93,9 +93,11 @@ class Sizes:
     # learning runs that are a strategy with settings of their own: (the strategy, its overrides)
     # (learned_from_word_start: the policy starts from a copy of the word-start rule; its control samples the copy
     # with no policy gradient, which tells a gain of the gradient from one of the copy: docs/results/credit_assignment/,
-    # section 15)
+    # section 15; word_start_with_imitation_loss: the copy that never stops, the rule's boundaries throughout with
+    # the policy trained to predict them, an auxiliary loss on the encoder: section 16)
     variants = {"learned_from_word_start": ("learned", COPY_WORD_START),
-                "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0"))}
+                "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0")),
+                "word_start_with_imitation_loss": ("learned", (*COPY_WORD_START, "boundaries.learned.imitate_until=1"))}
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
