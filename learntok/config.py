@@ -44,6 +44,7 @@ class ModelConfig:
     attention: str = "blocked"  # attention kernel: blocked (plain PyTorch) | flex (FlexAttention; for CUDA, where compiled it gave 1.07x blocked's bytes/s on an H200)
     init_std: float = 0.02  # std of the normal initialisation of linear layers
     lambda_early: float = 1e-1  # weight of the early-exit head's loss in the model's objective (paper eq. 27)
+    lambda_word_start: float = 0.0  # weight of an auxiliary loss for any strategy: a linear probe on the encoder output marks the first byte of each word (cross-entropy per byte); 0: no probe
 
 
 @dataclass

@@ -98,6 +98,8 @@ class ByteUNet(nn.Module):
         self.decoder = stack(cfg.n_up_layers, cfg.byte_mlp_mult, cfg.window)
         self.head = Head(d, cfg.final_softcap)
         self.early_head = Head(d, cfg.final_softcap)
+        # training only: the logit that byte i starts a word, read from X_i (train/accumulate.py)
+        self.word_start_probe = nn.Linear(d, 1) if cfg.lambda_word_start else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -331,8 +333,9 @@ class ByteUNet(nn.Module):
         """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible): `byte` and
         `token`, and `byte_per_draw`, the part of `byte` that runs once per boundary draw (decoder, head)."""
         per_draw = self.decoder.n_matrix_params() + self.head.proj.weight.numel()
+        probe = self.word_start_probe.weight.numel() if self.word_start_probe is not None else 0
         byte_level = (self.encoder.n_matrix_params() + self.boundaries.n_matrix_params()
-                      + self.early_head.proj.weight.numel() + per_draw)
+                      + self.early_head.proj.weight.numel() + probe + per_draw)
         return {"byte": byte_level, "token": self.mid.n_matrix_params(), "byte_per_draw": per_draw}
 
     def flops(self, n_bytes: int, n_tokens: int, draws: int = 1) -> int:

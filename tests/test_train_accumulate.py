@@ -7,9 +7,11 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import memory_data, random_inputs, tiny_config
 
-from learntok.data.batch import PAD, Batch
+from learntok.boundaries.word_start import word_start_boundaries
+from learntok.data.batch import BOS, PAD, Batch
 from learntok.unet import ByteUNet
 from learntok.data.batch import split_rows
 from learntok.objectives import LN2, masked_mean
@@ -61,6 +63,11 @@ def plain_loss(model, batch, u):
     aux = model.boundaries.losses(out.boundaries, loss_inputs)
     model.boundaries.update(out.boundaries, loss_inputs)
     loss = loss_auto + model.cfg.lambda_early * loss_early + sum(w * v for w, v in aux.values())
+    if model.word_start_probe is not None:  # the probe reads X: the encoder's output, once per sequence
+        probe = model.word_start_probe(model.encode(batch.inputs)).squeeze(-1)
+        nll = F.binary_cross_entropy_with_logits(probe, word_start_boundaries(batch.inputs).float(), reduction="none")
+        aux["word_start"] = (model.cfg.lambda_word_start, masked_mean(nll, batch.valid))
+        loss = loss + model.cfg.lambda_word_start * aux["word_start"][1]
     real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
     metrics = {"loss": loss.detach(), "bpb": loss_auto.detach() / LN2, "early_bpb": loss_early.detach() / LN2,
                "boundary_rate": masked_mean(out.boundaries.a.float(), real), "tokens": torch.tensor(out.tok_real.numel()),
@@ -101,6 +108,61 @@ def test_micro_batches_give_the_whole_batch_gradient(centering, pieces, recomput
             continue
         assert float(m_acc[key]) == pytest.approx(float(m_ref[key]), rel=1e-5, abs=1e-7), key
     assert set(m_acc) == set(m_ref)
+
+
+def model_with_word_start_probe(weight: float, **boundaries) -> ByteUNet:
+    cfg = tiny_config(**boundaries)
+    cfg.model.lambda_word_start = weight
+    torch.manual_seed(0)
+    return ByteUNet(cfg.model, cfg.boundaries)
+
+
+@pytest.mark.parametrize("strategy, pieces, group", [("learned", 3, 1), ("uniform", 2, 1), ("learned", 2, 2)])
+def test_word_start_loss_accumulates_exactly(strategy, pieces, group):
+    """The probe's loss is a per-byte mean like L_auto: micro-batches give the whole batch's gradient and
+    metrics, with K draws per sequence too (the probe reads X once per sequence)."""
+    batch = padded_batch()
+    rows, T = batch.inputs.shape
+    u = torch.rand((rows * group, T), generator=torch.Generator().manual_seed(5))
+    ref_model = model_with_word_start_probe(0.5, name=strategy, group_size=group)
+    acc_model = copy.deepcopy(ref_model)
+    g_ref, m_ref = one_pass(ref_model, batch, u)
+    g_acc, m_acc = accumulated(acc_model, batch, u, pieces)
+    assert "word_start_probe.weight" in g_acc
+    assert_close_grads(g_acc, g_ref)
+    for key in ("loss", "bpb", "loss_word_start"):
+        assert float(m_acc[key]) == pytest.approx(float(m_ref[key]), rel=1e-5), key
+
+
+def test_word_start_loss_on_a_worked_example():
+    """"Hi, you" starts words at H (after BOS) and y: with the probe's weights at zero and its bias b, the
+    loss is (2 softplus(-b) + 5 softplus(b)) / 7 over the 7 input bytes; it trains the encoder and the
+    probe, nothing downstream of X."""
+    seqs = torch.tensor([[BOS, *b"Hi, you"]])
+    batch = Batch.from_sequences(seqs)
+    assert word_start_boundaries(batch.inputs).tolist() == [[False, True, False, False, False, True, False]]
+    b = 0.7
+    expected = (2 * F.softplus(torch.tensor(-b)) + 5 * F.softplus(torch.tensor(b))) / 7
+    model = model_with_word_start_probe(0.5, name="uniform")
+    with torch.no_grad():
+        model.word_start_probe.weight.zero_()
+        model.word_start_probe.bias.fill_(b)
+    metrics = accumulate_gradients(model, batch, 1)
+    assert float(metrics["loss_word_start"]) == pytest.approx(float(expected), rel=1e-6)
+    # d/db of the mean, (7 sigmoid(b) - 2) / 7, times the weight 0.5
+    assert float(model.word_start_probe.bias.grad) == pytest.approx(0.5 * (7 * torch.sigmoid(torch.tensor(b)).item() - 2) / 7, rel=1e-5)
+    # with weights that read X, two loss weights' gradients differ by 1.0 x the probe loss's gradient:
+    # in the encoder, not after X
+    grads_at = {}
+    for weight in (0.5, 1.5):
+        model = model_with_word_start_probe(weight, name="uniform")
+        with torch.no_grad():
+            model.word_start_probe.weight.normal_()
+        accumulate_gradients(model, batch, 1)
+        grads_at[weight] = grads(model)
+    diff = {k: grads_at[1.5][k] - grads_at[0.5][k] for k in grads_at[0.5]}
+    assert any(float(v.abs().max()) > 1e-6 for k, v in diff.items() if k.startswith("encoder."))
+    assert all(float(v.abs().max()) < 1e-6 for k, v in diff.items() if k.startswith(("mid.", "decoder.", "head.", "early_head.")))
 
 
 @pytest.mark.parametrize("learned, group, backend", [

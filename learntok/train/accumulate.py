@@ -1,6 +1,8 @@
 """The training objective, composed in this one place, and its gradient over a batch in any number of
 micro-batches (one is the plain case): L = L_auto + lambda_early L_early + the strategy's weighted
-losses (paper eq. 27), with the advantage baseline over the whole global batch (DESIGN.md §3, §5).
+losses (paper eq. 27), with the advantage baseline over the whole global batch (DESIGN.md §3, §5), plus,
+where `model.lambda_word_start` > 0, lambda_word_start L_word_start: the cross-entropy of a linear probe
+on X_i against "byte i starts a word" (the `word_start` rule), per valid byte, whatever the strategy.
 
 The policy's advantage A_{b,i} = G_{b,i} - mean_{b'} G_{b',i} and the target loss's mean(p) are
 statistics of the whole global batch, and G depends on every micro-batch's forward pass. A step therefore
@@ -8,11 +10,11 @@ runs in two phases, with the model split at the encoder output X:
 
 phase 1, for each micro-batch m: X_m = encoder(bytes_m); h_m = X_m as a leaf that requires grad;
     everything downstream of X (boundaries, token level, decoder, both heads) runs on h_m. The terms
-    that need nothing from other micro-batches (L_auto, L_early, and the losses of a strategy without
-    batch statistics) are backpropagated at once: that frees the downstream activations and leaves
-    dL/dh_m in h_m.grad. Kept until phase 2: h_m and h_m.grad, the strategy's loss graph on h_m (for the
-    learned policy W X_m and the logits, about w + 4 floats per byte), the detached rewards, and the
-    strategy's batch statistics (sums over rows).
+    that need nothing from other micro-batches (L_auto, L_early, L_word_start, and the losses of a
+    strategy without batch statistics) are backpropagated at once: that frees the downstream
+    activations and leaves dL/dh_m in h_m.grad. Kept until phase 2: h_m and h_m.grad, the strategy's
+    loss graph on h_m (for the learned policy W X_m and the logits, about w + 4 floats per byte), the
+    detached rewards, and the strategy's batch statistics (sums over rows).
 between: the statistics are summed over micro-batches (sums, so that ranks can all-reduce them too).
 phase 2, for each micro-batch m: the strategy's losses with the global statistics (advantages against
     the global baseline, means over the global count) are backpropagated into h_m.grad and the policy's
@@ -22,9 +24,9 @@ phase 2, for each micro-batch m: the strategy's losses with the global statistic
     through phase 1, which at the paper's sizes costs more memory than a micro-batch of the whole model.
 
 Why it is exact: every term is a sum over rows divided by a count taken over the whole batch (valid
-bytes for L_auto and L_early, deciding positions for L_pi and L_target), with the baseline and mean(p)
-of the whole batch, so the micro-batch terms add up to the single-batch loss term by term, and their
-gradients to its gradient; the chain rule through X is applied to the sum of both phases' dL/dX_m.
+bytes for L_auto, L_early and L_word_start, deciding positions for L_pi and L_target), with the baseline
+and mean(p) of the whole batch, so the micro-batch terms add up to the single-batch loss term by term,
+and their gradients to its gradient; the chain rule through X is applied to the sum of both phases' dL/dX_m.
 Boundaries are sampled from uniforms drawn for the whole batch before it is split, so micro-batch m
 draws exactly what its rows draw in one pass. Only the order of floating-point additions differs.
 With several boundary draws per sequence (`boundaries.group_size` K) the batch is split by sequences,
@@ -47,8 +49,10 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..boundaries import Boundaries, LossInputs
+from ..boundaries.word_start import word_start_boundaries
 from ..data.batch import PAD, Batch, split_rows
 from ..unet import ByteUNet, UNetOutput, target_log_probs
 from ..objectives import LN2
@@ -112,6 +116,10 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         nll = -(logp * loss_inputs.valid).sum() / K  # the mean over draws of each draw's sum
         nll_early = -(logp_early * mb.valid).sum()
         local = (nll + lambda_early * nll_early) / denom
+        if model.word_start_probe is not None:
+            nll_word_start = word_start_nll(model, h, mb) / denom
+            local = local + model.cfg.lambda_word_start * nll_word_start
+            aux_values["word_start"] = aux_values.get("word_start", 0.0) + nll_word_start.detach()
         mb_stats = strategy.batch_stats(out.boundaries, loss_inputs)
         aux = {}
         if not mb_stats:  # its losses are means over rows: weight them by this micro-batch's share
@@ -246,6 +254,14 @@ def baseline_draw(model: ByteUNet, mb: Batch, hidden: torch.Tensor, chosen: torc
         flops += model.baseline_draw_flops(mb.inputs[idx].numel(), out.tok_real.numel())
     return dataclasses.replace(loss_inputs, logp_baseline=logp_baseline,
                                baseline_weight=chosen.to(logp_baseline.dtype)), flops
+
+
+def word_start_nll(model: ByteUNet, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The word-start probe's cross-entropy summed over the valid bytes of `batch`, read from its encoder
+    output `hidden` (B, T, C): target 1 where byte i starts a word (`word_start_boundaries`), else 0."""
+    logits = model.word_start_probe(hidden).squeeze(-1).float()
+    nll = F.binary_cross_entropy_with_logits(logits, word_start_boundaries(batch.inputs).float(), reduction="none")
+    return (nll * batch.valid).sum()
 
 
 def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:
