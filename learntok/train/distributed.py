@@ -126,8 +126,7 @@ def parallelize(model: nn.Module, cfg, info: DistInfo) -> nn.Module:
             if hasattr(m, "set_gradient_divide_factor"):
                 m.set_gradient_divide_factor(1.0)
                 m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
-        for method in ("loss", "encode"):  # entry points other than forward also gather the weights
-            register_fsdp_forward_method(model, method)
+        register_fsdp_forward_method(model, "encode")  # an entry point besides forward: it gathers the weights too
         return model
     raise ValueError(f"train.parallel={info.parallel!r}: use none, ddp or fsdp")
 
