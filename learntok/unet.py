@@ -42,6 +42,7 @@ class UNetOutput:
     tok_real: torch.Tensor  # (N,) flat indices of the real token slots (N tokens, a number the host knows)
     forced: torch.Tensor  # (B, T) bool: boundaries that were not the strategy's choice
     draws: int = 1  # K boundary draws per sequence: the rows of every tensor but early_logits are B * K
+    word_start_logits: torch.Tensor | None = None  # (B, T) the word-start probe's (model.lambda_word_start), per sequence
 
 
 @dataclass
@@ -98,7 +99,7 @@ class ByteUNet(nn.Module):
         self.decoder = stack(cfg.n_up_layers, cfg.byte_mlp_mult, cfg.window)
         self.head = Head(d, cfg.final_softcap)
         self.early_head = Head(d, cfg.final_softcap)
-        # training only: the logit that byte i starts a word, read from X_i (train/accumulate.py)
+        # the logit that byte i starts a word, read from X_i: an auxiliary loss (train/accumulate.py)
         self.word_start_probe = nn.Linear(d, 1) if cfg.lambda_word_start else None
         self.reset_parameters()
 
@@ -154,6 +155,7 @@ class ByteUNet(nn.Module):
         K = self.draws
         hidden = self.encode(inputs) if hidden is None else hidden  # X (B, T, C)
         early_logits = self.early_head(hidden)  # (B, T, V)
+        probe = None if self.word_start_probe is None else self.word_start_probe(hidden).squeeze(-1).float()
 
         forced = torch.zeros_like(inputs, dtype=torch.bool)
         forced[:, 0] = True
@@ -178,7 +180,7 @@ class ByteUNet(nn.Module):
         tokens = self.mid(tokens, slots.pos, real=slots.real)  # RoPE at the boundaries' byte positions
         y = self.boundaries.unpool(hidden, tokens, bnd, resample.token_index(bnd.a))  # (B, T, C)
         y = self.decoder(y, positions)
-        return UNetOutput(self.head(y), early_logits, bnd, slots.pos, slots.valid, slots.real, forced, K)
+        return UNetOutput(self.head(y), early_logits, bnd, slots.pos, slots.valid, slots.real, forced, K, probe)
 
     # --- incremental inference -------------------------------------------------------------------
 

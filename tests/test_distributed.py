@@ -44,15 +44,18 @@ def rank_data(cfg, rank: int, world: int) -> DataSources:
 
 
 def config(parallel: str, steps: int, **train):
-    """`train` sets train.* fields, and boundaries.* keys where the key starts with `boundaries_` (a
-    strategy's options as a mapping: `boundaries_learned={...}`)."""
+    """`train` sets train.* fields, boundaries.* keys where the key starts with `boundaries_` (a
+    strategy's options as a mapping: `boundaries_learned={...}`) and model.* fields where it starts with `model_`."""
     cfg = tiny_config(**{k.removeprefix("boundaries_"): v for k, v in train.items() if k.startswith("boundaries_")})
+    for k, v in train.items():
+        if k.startswith("model_"):
+            setattr(cfg.model, k.removeprefix("model_"), v)
     t = cfg.train
     t.seq_len, t.batch_size, t.parallel = SEQ, BATCH, parallel
     t.tensorboard, t.threads, t.log_every, t.eval_batches = False, 1, 1, 2
     t.training_bytes, t.warmup_bytes, t.eval_every, t.checkpoint_every = steps * BATCH * SEQ, 1000, 2, 0
     for k, v in train.items():
-        if not k.startswith("boundaries_"):
+        if not k.startswith(("boundaries_", "model_")):
             setattr(t, k, v)
     return cfg
 
@@ -121,6 +124,18 @@ def test_fsdp_two_ranks_match_one_process(single, tmp_path):
 def test_ddp_with_micro_batches_matches_one_process(single, tmp_path):
     """2 ranks x 2 micro-batches: the baseline is still the whole global batch's."""
     assert_same_metrics(run_ranks(2, "ddp", tmp_path / "run", steps=4, micro_batches=2), single)
+
+
+@pytest.mark.slow
+def test_fsdp_with_the_word_start_probe_matches_one_process(tmp_path):
+    """The probe is a parameter of the root module, which FSDP2 shards: its loss and gradient come out as in
+    one process."""
+    single = run_single(tmp_path / "single", steps=4, model_lambda_word_start=1.0)
+    assert "loss_word_start" in single[0]
+    rows = run_ranks(2, "fsdp", tmp_path / "run", steps=4, model_lambda_word_start=1.0)
+    assert_same_metrics(rows, single)
+    for g, w in zip(rows, single):
+        assert g["loss_word_start"] == pytest.approx(w["loss_word_start"], rel=REL)
 
 
 @pytest.mark.slow

@@ -63,9 +63,9 @@ def plain_loss(model, batch, u):
     aux = model.boundaries.losses(out.boundaries, loss_inputs)
     model.boundaries.update(out.boundaries, loss_inputs)
     loss = loss_auto + model.cfg.lambda_early * loss_early + sum(w * v for w, v in aux.values())
-    if model.word_start_probe is not None:  # the probe reads X: the encoder's output, once per sequence
-        probe = model.word_start_probe(model.encode(batch.inputs)).squeeze(-1)
-        nll = F.binary_cross_entropy_with_logits(probe, word_start_boundaries(batch.inputs).float(), reduction="none")
+    if out.word_start_logits is not None:  # the probe reads X, once per sequence
+        nll = F.binary_cross_entropy_with_logits(out.word_start_logits, word_start_boundaries(batch.inputs).float(),
+                                                 reduction="none")
         aux["word_start"] = (model.cfg.lambda_word_start, masked_mean(nll, batch.valid))
         loss = loss + model.cfg.lambda_word_start * aux["word_start"][1]
     real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
@@ -158,6 +158,8 @@ def test_word_start_loss_on_a_worked_example():
         model = model_with_word_start_probe(weight, name="uniform")
         with torch.no_grad():
             model.word_start_probe.weight.normal_()
+            probe = model.word_start_probe(model.encode(batch.inputs)).squeeze(-1)  # read from X_i
+            assert torch.allclose(model(batch.inputs).word_start_logits, probe)
         accumulate_gradients(model, batch, 1)
         grads_at[weight] = grads(model)
     diff = {k: grads_at[1.5][k] - grads_at[0.5][k] for k in grads_at[0.5]}

@@ -116,8 +116,8 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         nll = -(logp * loss_inputs.valid).sum() / K  # the mean over draws of each draw's sum
         nll_early = -(logp_early * mb.valid).sum()
         local = (nll + lambda_early * nll_early) / denom
-        if model.word_start_probe is not None:
-            nll_word_start = word_start_nll(model, h, mb) / denom
+        if out.word_start_logits is not None:
+            nll_word_start = word_start_nll(out.word_start_logits, mb) / denom
             local = local + model.cfg.lambda_word_start * nll_word_start
             aux_values["word_start"] = aux_values.get("word_start", 0.0) + nll_word_start.detach()
         mb_stats = strategy.batch_stats(out.boundaries, loss_inputs)
@@ -256,10 +256,9 @@ def baseline_draw(model: ByteUNet, mb: Batch, hidden: torch.Tensor, chosen: torc
                                baseline_weight=chosen.to(logp_baseline.dtype)), flops
 
 
-def word_start_nll(model: ByteUNet, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """The word-start probe's cross-entropy summed over the valid bytes of `batch`, read from its encoder
-    output `hidden` (B, T, C): target 1 where byte i starts a word (`word_start_boundaries`), else 0."""
-    logits = model.word_start_probe(hidden).squeeze(-1).float()
+def word_start_nll(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The word-start probe's cross-entropy summed over the valid bytes of `batch`, from its logits (B, T):
+    target 1 where byte i starts a word (`word_start_boundaries`), else 0."""
     nll = F.binary_cross_entropy_with_logits(logits, word_start_boundaries(batch.inputs).float(), reduction="none")
     return (nll * batch.valid).sum()
 
