@@ -21,8 +21,8 @@ inside the learning-rate warm-up); the learned run gets the same FLOPs (from the
 report folder, or `--flops`) and the logit scale D = 1 (`Sizes.learned_overrides`); `--strategy word_start`
 or `whitespace` adds a fixed rule at the same FLOPs, `learned_from_word_start` the learned policy that copies
 the word-start rule for the first 20% of its training bytes and then learns, `..._without_gradient` its control
-(the copy sampled, no policy gradient), `uniform_with_probe` and `word_start_with_probe` the strategy with the
-word-start probe's auxiliary loss (`model.lambda_word_start=1`; `Sizes.variants`). Every minute
+(the copy sampled, no policy gradient), `uniform_with_probe`, `word_start_with_probe` and `learned_with_probe`
+the strategy with the word-start probe's auxiliary loss (`model.lambda_word_start=1`; `Sizes.variants`). Every minute
 each run prints held-out bpb and where its boundaries fall (whitespace and word-start precision, and the
 start of a held-out sequence cut at them).
 """
@@ -97,8 +97,8 @@ class Sizes:
     # section 15; ..._with_probe: the strategy with the word-start probe's auxiliary loss on the encoder, section 17)
     variants = {"learned_from_word_start": ("learned", COPY_WORD_START),
                 "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0")),
-                "uniform_with_probe": ("uniform", ("model.lambda_word_start=1",)),
-                "word_start_with_probe": ("word_start", ("model.lambda_word_start=1",))}
+                **{f"{name}_with_probe": (name, ("model.lambda_word_start=1",))
+                   for name in ("uniform", "word_start", "learned")}}
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
@@ -831,8 +831,8 @@ def main(argv: list[str] | None = None) -> int:
                         "uniform first unless --flops is given: its FLOPs are the others' budget; "
                         "learned_from_word_start: the learned policy started from a copy of the word-start rule; "
                         "learned_from_word_start_without_gradient: the same with no policy gradient (its control); "
-                        "uniform_with_probe, word_start_with_probe: the strategy with the word-start probe's loss "
-                        "(model.lambda_word_start=1)")
+                        "uniform_with_probe, word_start_with_probe, learned_with_probe: the strategy with the "
+                        "word-start probe's loss (model.lambda_word_start=1)")
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")

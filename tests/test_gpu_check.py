@@ -129,6 +129,7 @@ def test_every_learning_run_has_a_valid_config():
     copy, control = runs["learned_from_word_start"], runs["learned_from_word_start_without_gradient"]
     assert copy.imitate == control.imitate == "word_start" and copy.imitate_until == control.imitate_until == 0.2
     assert copy.lambda_policy > 0 and control.lambda_policy == 0 and copy.scale == control.scale == 1
-    for probed in ("uniform_with_probe", "word_start_with_probe"):
+    for probed in ("uniform_with_probe", "word_start_with_probe", "learned_with_probe"):
         cfg = load_config(sizes.learn_config, learn_run_overrides(sizes, probed, []))
         assert cfg.boundaries.name == probed.split("_with")[0] and cfg.model.lambda_word_start == 1
+    assert runs["learned_with_probe"].scale == 1  # the learned runs' D
