@@ -35,14 +35,14 @@ from .model.layers import RMSNorm, Stack, StackCache, softcap
 @dataclass
 class UNetOutput:
     logits: torch.Tensor  # (B, T, V) next-byte logits
-    early_logits: torch.Tensor  # (B, T, V) early-exit logits (from the encoder output)
+    early_logits: torch.Tensor  # (B, T, V) early-exit logits (from the encoder output), per sequence
     boundaries: Boundaries  # the strategy's decisions, a (B, T) bool
     tok_pos: torch.Tensor  # (B, M) byte position of each token (padded slots point at T - 1)
     tok_valid: torch.Tensor  # (B, M) bool: real tokens
     tok_real: torch.Tensor  # (N,) flat indices of the real token slots (N tokens, a number the host knows)
     forced: torch.Tensor  # (B, T) bool: boundaries that were not the strategy's choice
-    draws: int = 1  # K boundary draws per sequence: the rows of every tensor but early_logits are B * K
-    word_start_logits: torch.Tensor | None = None  # (B, T) the word-start probe's (model.lambda_word_start), per sequence
+    draws: int = 1  # K boundary draws per sequence: the rows of every tensor not per sequence are B * K
+    word_start_logits: torch.Tensor | None = None  # (B, T) per sequence: the word-start probe's logits
 
 
 @dataclass
@@ -151,7 +151,7 @@ class ByteUNet(nn.Module):
         With K = `self.draws` > 1 (training with `boundaries.group_size` = K) each sequence gets K
         independent boundary draws: the encoder and the early-exit head run once per sequence, the
         strategy, token level and decoder on B * K rows, row b * K + k being draw k of sequence b.
-        `uniforms` is then (B * K, T), and so is every output but `early_logits`."""
+        `uniforms` is then (B * K, T), and so is every output but `early_logits` and `word_start_logits`."""
         K = self.draws
         hidden = self.encode(inputs) if hidden is None else hidden  # X (B, T, C)
         early_logits = self.early_head(hidden)  # (B, T, V)
