@@ -133,3 +133,4 @@ def test_every_learning_run_has_a_valid_config():
         cfg = load_config(sizes.learn_config, learn_run_overrides(sizes, probed, []))
         assert cfg.boundaries.name == probed.split("_with")[0] and cfg.model.lambda_word_start == 1
     assert runs["learned_with_probe"].scale == 1  # the learned runs' D
+    assert load_config(sizes.learn_config, learn_run_overrides(sizes, "learned_with_probe", [])).boundaries.target_rate == 0.169
