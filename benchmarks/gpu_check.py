@@ -96,7 +96,7 @@ class Sizes:
     # (learned_from_word_start: the policy starts from a copy of the word-start rule; its control samples the copy
     # with no policy gradient, which tells a gain of the gradient from one of the copy: docs/results/credit_assignment/,
     # section 15; ..._with_probe: the strategy with the word-start probe's auxiliary loss on the encoder, section 17;
-    # the learned policy with it at the rule's rate, as the copy: on a CPU it was 0.06 ahead of itself at rate 0.2, section 18)
+    # the learned policy with it at the rule's rate, as the copy: on a CPU 0.05 ahead of itself at rate 0.2, section 18)
     variants = {"learned_from_word_start": ("learned", COPY_WORD_START),
                 "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0")),
                 "uniform_with_probe": ("uniform", ("model.lambda_word_start=1",)),
