@@ -60,8 +60,8 @@ PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "mat
 
 
 LEARN_STRATEGIES = ("uniform", "learned", "word_start", "whitespace")  # learning runs of a strategy as it is
-COPY_WORD_START = ("boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2",
-                   "boundaries.target_rate=0.169")
+WORD_START_RATE = "boundaries.target_rate=0.169"  # the word-start rule's rate on the prose corpus
+COPY_WORD_START = ("boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2", WORD_START_RATE)
 
 
 @dataclasses.dataclass
@@ -101,7 +101,7 @@ class Sizes:
                 "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0")),
                 "uniform_with_probe": ("uniform", ("model.lambda_word_start=1",)),
                 "word_start_with_probe": ("word_start", ("model.lambda_word_start=1",)),
-                "learned_with_probe": ("learned", ("model.lambda_word_start=1", "boundaries.target_rate=0.169"))}
+                "learned_with_probe": ("learned", ("model.lambda_word_start=1", WORD_START_RATE))}
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)

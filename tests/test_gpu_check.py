@@ -121,16 +121,16 @@ def test_every_learning_run_has_a_valid_config():
     from learntok.boundaries import STRATEGIES, check
     from learntok.config import load_config
     sizes = Sizes.real()
-    runs = {}
+    configs, runs = {}, {}
     for strategy in (*LEARN_STRATEGIES, *sizes.variants):  # every run --strategy offers
-        cfg = load_config(sizes.learn_config, learn_run_overrides(sizes, strategy, []))
+        cfg = configs[strategy] = load_config(sizes.learn_config, learn_run_overrides(sizes, strategy, []))
         check(cfg.boundaries)  # raises on an unknown or unusable option
         runs[strategy] = STRATEGIES[cfg.boundaries.name].read_options(cfg.boundaries)
     copy, control = runs["learned_from_word_start"], runs["learned_from_word_start_without_gradient"]
     assert copy.imitate == control.imitate == "word_start" and copy.imitate_until == control.imitate_until == 0.2
     assert copy.lambda_policy > 0 and control.lambda_policy == 0 and copy.scale == control.scale == 1
     for probed in ("uniform_with_probe", "word_start_with_probe", "learned_with_probe"):
-        cfg = load_config(sizes.learn_config, learn_run_overrides(sizes, probed, []))
+        cfg = configs[probed]
         assert cfg.boundaries.name == probed.split("_with")[0] and cfg.model.lambda_word_start == 1
     assert runs["learned_with_probe"].scale == 1  # the learned runs' D
-    assert load_config(sizes.learn_config, learn_run_overrides(sizes, "learned_with_probe", [])).boundaries.target_rate == 0.169
+    assert configs["learned_with_probe"].boundaries.target_rate == 0.169
