@@ -597,8 +597,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             if flops is None and self.step == sizes.settle_steps[1]:
                 # the median step: a step that recompiles (a new token count) must not set the budget
                 rate = statistics.median((f1 - f0) / (t1 - t0) for (f0, t0), (f1, t1) in zip(self.marks, self.marks[1:]))
-                self.flops_budget = rate * sizes.learn_seconds
-                say(f"  speed {rate / 1e12:.2f} TFLOP/s -> budget {self.flops_budget:.4g} FLOPs")
+                self.cfg.train.flops_budget = rate * sizes.learn_seconds
+                say(f"  speed {rate / 1e12:.2f} TFLOP/s -> budget {self.cfg.train.flops_budget:.4g} FLOPs")
             metrics = super().train_step(batch)
             probe_due = time.perf_counter() - self.last_probe >= sizes.probe_every and self.step > sizes.settle_steps[1]
             if probe_due or self.step >= self.total_steps:
@@ -625,7 +625,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
 
     say(f"training {strategy} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
     # the uniform run's budget is fixed at the settle step; until then the schedule plans for 1e30 FLOPs
-    trainer = ProbedRun(cfg, run_dir, progress=False, data=data, flops_budget=flops if flops is not None else 1e30)
+    cfg.train.flops_budget = flops if flops is not None else 1e30
+    trainer = ProbedRun(cfg, run_dir, progress=False, data=data)
     trainer.probes, trainer.marks, trainer.started = [], [], time.perf_counter()
     trainer.last_probe = trainer.started
     trainer.train()

@@ -88,6 +88,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_bytes: float = 2e5  # linear warmup length
     training_bytes: float = 3e6  # total bytes of the run
+    flops_budget: float | None = None  # end where the training FLOPs reach this; training_bytes is re-planned to it
+    #   after every step from the FLOPs per byte so far, so the cosine schedule ends there (learntok compare)
     weight_decay: float = 0.01  # AdamW (torch default)
     beta1: float = 0.9
     beta2: float = 0.999
@@ -366,6 +368,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.max_bad_steps={t.max_bad_steps} must be >= 1")
     if t.log_every < 1 or t.checkpoint_every < 0 or t.eval_every < 0 or t.keep_checkpoints < 0:
         raise ConfigError("train.log_every must be >= 1; checkpoint_every, eval_every, keep_checkpoints >= 0")
+    if t.flops_budget is not None and t.flops_budget <= 0:
+        raise ConfigError(f"train.flops_budget={t.flops_budget} must be > 0 (or none)")
     if t.training_bytes <= 0 or t.warmup_bytes < 0 or t.lr <= 0:
         raise ConfigError("train.training_bytes and train.lr must be > 0, train.warmup_bytes >= 0")
     if cfg.data.mode not in ("paper", "packed"):

@@ -55,9 +55,11 @@ def test_section_given_a_value_instead_of_fields():
 
 def test_overrides_are_typed_against_the_field():
     cfg = load_config("cpu_default", ["train.lr=1e-3", "train.micro_batches=2", "boundaries.learned.softcap=none",
-                                      "train.tensorboard=false", "train.training_bytes=3e5"])
+                                      "train.tensorboard=false", "train.training_bytes=3e5", "train.flops_budget=2e13"])
     assert cfg.train.lr == 1e-3 and cfg.train.micro_batches == 2 and LearnedPolicy.read_options(cfg.boundaries).softcap is None
-    assert cfg.train.tensorboard is False and cfg.train.training_bytes == 3e5
+    assert cfg.train.tensorboard is False and cfg.train.training_bytes == 3e5 and cfg.train.flops_budget == 2e13
+    assert load_config(None, ["train.flops_budget=none"]).train.flops_budget is None
+    assert "train.flops_budget=0.0 must be > 0" in error_of(None, ["train.flops_budget=0"])
     assert parse_override("data.source=/tmp/x") == {"data": {"source": "/tmp/x"}}
 
 

@@ -173,6 +173,27 @@ def test_resume_in_process_between_log_lines_is_exact(tmp_path):
         without_timing(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
 
 
+def test_a_run_to_a_flops_budget_resumes_on_its_replanned_schedule(tmp_path):
+    """A budgeted run (`learntok compare`) re-plans `training_bytes` after every step; the resumed run
+    continues that plan, not the first one its config starts from, so its learning rates are the same."""
+    budget = 1e9
+    ref = tiny_trainer(tmp_path / "ref", flops_budget=budget, log_every=1, checkpoint_every=0, eval_every=0)
+    first_plan = ref.cfg.train.training_bytes
+    ref.train()
+    assert ref.cfg.train.training_bytes != first_plan  # the plan moved, or this test shows nothing
+    run = tiny_trainer(tmp_path / "run", flops_budget=budget, log_every=1, checkpoint_every=3, eval_every=0)
+    run.train()
+    kept = ckpt_io.list_checkpoints(tmp_path / "run")
+    kept[-1].rename(tmp_path / "run" / "old_last")  # resume from the one before the end
+    resumed = tiny_trainer(tmp_path / "run", resume=True, flops_budget=budget, log_every=1, checkpoint_every=3,
+                           eval_every=0)
+    assert resumed.step == int(kept[-2].name[5:]) < ref.step
+    resumed.train()
+    assert resumed.step == ref.step
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == \
+        without_timing(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+
 def test_a_run_directory_is_not_silently_reused(tmp_path):
     tiny_trainer(tmp_path / "run", training_bytes=2 * 4 * 64).train()
     with pytest.raises(ckpt_io.CheckpointError, match="--resume"):

@@ -9,7 +9,7 @@ each trains on a different number of bytes:
 
 1. the fresh model is run on the first two held-out batches (training mode, no gradient) to measure its
    FLOPs per byte, and `train.training_bytes = budget / (FLOPs per byte)` plans the run;
-2. the trainer runs to the budget (`Trainer(flops_budget=...)`): `training_bytes` is re-planned after
+2. the trainer runs to the budget (`train.flops_budget`): `training_bytes` is re-planned after
    every step from the FLOPs per byte of the run so far, so the cosine schedule ends where the cumulative
    FLOPs reach the budget even when the rate drifts, and the run stops at the first step whose cumulative
    FLOPs reach it (at most one step over).

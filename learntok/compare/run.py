@@ -129,6 +129,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     per_byte = flops_per_byte(build_model(cfg), data.val[:2], seed=cfg.train.seed)
     t = cfg.train
     t.training_bytes = settings.flops / per_byte
+    t.flops_budget = settings.flops
     steps = max(1, math.ceil(t.training_bytes / (t.batch_size * t.seq_len)))
     t.eval_every = max(1, steps // max(1, settings.eval_points))
     resume = bool(ckpt_io.list_checkpoints(run_dir)) if run_dir.exists() else False
@@ -138,8 +139,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / OWNER_FILE).write_text(str(os.getpid()))
     try:
-        trainer = Trainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data,
-                          flops_budget=settings.flops)
+        trainer = Trainer(cfg, run_dir, resume=resume, progress=settings.progress, data=data)
         trainer.train()
     except (FloatingPointError, RuntimeError, ValueError) as e:  # NonFiniteError, CheckpointError, ...
         result.status, result.message = "failed", f"{type(e).__name__}: {e}"

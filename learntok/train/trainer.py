@@ -101,13 +101,10 @@ def build_model(cfg: RunConfig) -> ByteUNet:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-                 data: DataSources | None = None, flops_budget: float | None = None):
-        """`flops_budget`: end the run where its cumulative training FLOPs reach this, instead of at
-        `train.training_bytes` (see `_plan_to_budget`); `learntok compare` runs every strategy so."""
+                 data: DataSources | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.progress = progress
-        self.flops_budget = flops_budget
         t = cfg.train
         set_threads(t.threads)
         # torchrun's processes join one group here; one process is rank 0 of 1 (train/distributed.py)
@@ -138,7 +135,7 @@ class Trainer:
         # skipped steps, counted on the device: in a row now, the longest run since the last check, in all
         self._bad = torch.zeros(3, dtype=torch.long, device=self.device)
         self.bytes_per_step = t.batch_size * t.seq_len
-        self.total_steps = max(1, math.ceil(t.training_bytes / self.bytes_per_step))
+        self.total_steps = self._steps_to_go()
         self.metrics = MetricsLog(self.run_dir, tensorboard=t.tensorboard)
         self.metrics_path = self.metrics.path
         self._window: dict = {"sums": {}, "n": 0}  # metric sums since the last log line (checkpointed)
@@ -256,6 +253,9 @@ class Trainer:
         if fatal:
             detail = "; ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, a, b in fatal)
             raise ckpt_io.CheckpointError(f"{ckpt} was written by another model ({detail})")
+        if self.cfg.train.flops_budget is not None:  # continue the budget's plan where it stood (`_plan_to_budget`)
+            self.cfg.train.training_bytes = saved["train"]["training_bytes"]
+            diffs = [d for d in diffs if d[0] != "train.training_bytes"]
         for key, a, b in diffs:
             if a is not None:  # fields added since the checkpoint was written are not worth a line
                 print(f"note: resuming with {key}={b!r} (the checkpoint had {a!r})")
@@ -274,6 +274,7 @@ class Trainer:
             raise ckpt_io.CheckpointError(f"{ckpt}: cannot continue its data stream: {e}") from None
         self.step = state["step"]
         self.bytes_seen, self.flops = state["bytes_seen"], state["flops"]
+        self.total_steps = self._steps_to_go()
         in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
         self._bad = torch.tensor([in_a_row, in_a_row, state.get("bad_total", in_a_row)], device=self.device)
         window = state.get("window", {"n": 0, "sums": {}})
@@ -388,21 +389,28 @@ class Trainer:
         metrics["grad_norm"] = grad_norm.detach()
         metrics["lr"] = torch.tensor(lr)
         metrics["applied"] = ok
-        if self.flops_budget is not None:
+        if self.cfg.train.flops_budget is not None:
             self._plan_to_budget()
         return metrics
 
     def _plan_to_budget(self) -> None:
-        """Stop after this step once the FLOPs reach `flops_budget`; until then re-plan `training_bytes` as
-        the bytes the remaining FLOPs buy at the FLOPs per byte so far, so that the cosine schedule ends
+        """Stop after this step once the FLOPs reach `train.flops_budget`; until then re-plan `training_bytes`
+        as the bytes the remaining FLOPs buy at the FLOPs per byte so far, so that the cosine schedule ends
         where the FLOPs reach the budget even when the rate of boundaries drifts (at most one step over)."""
         t = self.cfg.train
-        if self.flops >= self.flops_budget:
-            self.total_steps = self.step  # the loop evaluates, checkpoints and stops after this step
-        elif self.bytes_seen:
+        if self.flops < t.flops_budget and self.bytes_seen:
             per_byte = self.flops / self.bytes_seen
-            t.training_bytes = float(self.bytes_seen + (self.flops_budget - self.flops) / per_byte)
-            self.total_steps = max(self.step + 1, math.ceil(t.training_bytes / self.bytes_per_step))
+            t.training_bytes = float(self.bytes_seen + (t.flops_budget - self.flops) / per_byte)
+        self.total_steps = self._steps_to_go()
+
+    def _steps_to_go(self) -> int:
+        """The step the run ends after: at `training_bytes`; with a FLOPs budget, this step once the budget
+        is reached, and until then not before the next."""
+        t = self.cfg.train
+        planned = max(1, math.ceil(t.training_bytes / self.bytes_per_step))
+        if t.flops_budget is None:
+            return planned
+        return self.step if self.flops >= t.flops_budget else max(self.step + 1, planned)
 
     def _agree_to_stop(self, time_up: bool) -> tuple[bool, bool]:
         """With several ranks: (time up, stop) on any rank -> on every rank (a collective: called by all
