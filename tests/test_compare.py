@@ -1,6 +1,6 @@
 """`learntok compare` end to end on a tiny model and budget: every report file, one table row per
-strategy (an unregistered one reported as skipped), FLOPs matched to the budget, a second run reusing the
-finished runs; and the FLOPs-per-byte planning."""
+strategy (an unregistered one reported as skipped), FLOPs matched to the budget, a run's config.yaml
+repeating it under `learntok train`, a second run reusing the finished runs; and the FLOPs-per-byte planning."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_train import without_timing
 
 from learntok.cli import main as cli_main
 from learntok.compare import CompareSettings
@@ -17,6 +18,7 @@ from learntok.compare.report import aggregate, table_markdown
 from learntok.compare.run import flops_per_byte
 from learntok.config import load_config
 from learntok.data.loader import make_data
+from learntok.train.metrics import read_metrics
 from learntok.train.trainer import build_model
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.n_down_layers=1", "model.n_mid_layers=1", "model.n_up_layers=1",
@@ -72,6 +74,13 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     html = (out / "segmentation.html").read_text()
     assert all(f"<h2>{name} " in html for name in ("uniform", "bpe"))
     assert "learntok compare" in (out / "command.txt").read_text()
+
+    # a run's config.yaml holds its budget: `learntok train` on it is the same run, step for step
+    again = tmp_path / "again"
+    assert cli_main(["train", "--config", str(out / "runs" / "uniform-seed0" / "config.yaml"), "--run-dir", str(again),
+                     "--no-progress"]) == 0
+    assert without_timing(read_metrics(again / "metrics.jsonl")) == \
+        without_timing(read_metrics(out / "runs" / "uniform-seed0" / "metrics.jsonl"))
 
     capsys.readouterr()
     assert cli_main(args) == 0  # the same command again: finished runs are reused, not retrained
