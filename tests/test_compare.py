@@ -54,6 +54,7 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
             "--no-progress", *TINY,
             f"data.source={prepared}", "data.mode=packed", "train.seed=3"]
     assert cli_main(args) == 0
+    assert "uniform, seed 0 (train.seed=3)" in capsys.readouterr().out
     for name in ("table.md", "results.json", "bpb_vs_flops.png", "segmentation.png", "segmentation.html", "command.txt"):
         assert (out / name).stat().st_size > 0, name
     table = (out / "table.md").read_text()

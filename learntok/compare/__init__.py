@@ -56,7 +56,7 @@ def run_comparison(settings: CompareSettings, log=print) -> dict:
     results, segs = [], []
     for i, strategy in enumerate(settings.strategies):
         for seed in range(settings.seeds):
-            log(f"[{i + 1}/{len(settings.strategies)}] {strategy}, seed {seed}")
+            log(f"[{i + 1}/{len(settings.strategies)}] {strategy}, seed {seed} (train.seed={base.train.seed + seed})")
             r = train_one(settings, strategy, seed, reference, log=log)
             results.append(r)
             if r.status == "ok":
