@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import matplotlib
-import yaml
 
 from learntok.train.metrics import read_metrics
 
@@ -34,8 +33,7 @@ def runs_of(label: str, folder: Path) -> list[dict]:
             continue
         run_dir = folder / "runs" / f"{run['strategy']}-seed{run['seed']}"
         rows = read_metrics(run_dir / "metrics.jsonl")
-        # compare numbers its seeds from 0; a run given train.seed=S keeps S in its config
-        seed = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["seed"]
+        seed = run["train_seed"]  # the seed it trained with (run["seed"] is compare's index, from 0)
         trend = [(r["flops"], r["val_bpb"]) for r in rows if r.get("val_bpb") is not None]
         name = label if len(report["settings"]["strategies"]) == 1 else f"{run['strategy']}"
         out.append({"setting": name, "seed": seed, "bpb": run["bpb"], "flops": run["flops"],
