@@ -1,6 +1,7 @@
 """Data parallelism on CPU: 2 processes with the gloo backend give the single-process run's metrics (the
 same global batch, the same boundary samples, the advantage baseline over all ranks), for ddp and fsdp;
-a checkpoint written by 2 ranks resumes in 1 process; bf16 autocast runs."""
+a checkpoint written by 2 ranks resumes in 1 process, and a run to a FLOPs budget resumes on 2 ranks as if
+never stopped; bf16 autocast runs."""
 
 from __future__ import annotations
 
@@ -170,6 +171,22 @@ def test_one_process_checkpoint_resumes_on_two_fsdp_ranks(single, tmp_path):
     run_single(run_dir, steps=2)
     rows = run_ranks(2, "fsdp", run_dir, steps=4, resume=True)
     assert_same_metrics(rows, single)
+
+
+@pytest.mark.slow
+def test_two_ranks_run_to_a_flops_budget_resumes_exactly(single, tmp_path):
+    """With several ranks the token FLOPs are summed at log lines; a checkpoint between log lines (here
+    step 3 of windows of 4, as a SIGTERM makes) must not count them early, or the resumed run plans its
+    schedule from other FLOPs than the uninterrupted run."""
+    budget = single[-1]["flops"] * 1.5  # about 6 steps
+    common = dict(steps=100, flops_budget=budget, log_every=4, eval_every=0)
+    ref = run_ranks(2, "ddp", tmp_path / "ref", checkpoint_every=0, **common)
+    run_ranks(2, "ddp", tmp_path / "run", checkpoint_every=3, keep_checkpoints=0, **common)
+    for late in ckpt_io.list_checkpoints(tmp_path / "run")[1:]:
+        late.rename(tmp_path / "run" / f"old_{late.name}")  # resume from step 3
+    rows = run_ranks(2, "ddp", tmp_path / "run", resume=True, checkpoint_every=3, **common)
+    assert 5 <= ref[-1]["step"] < 100
+    assert [(r["step"], r["flops"], r["lr"]) for r in rows] == [(r["step"], r["flops"], r["lr"]) for r in ref]
 
 
 def test_bf16_autocast_step_is_finite_and_close_to_fp32(tmp_path):

@@ -181,7 +181,7 @@ class Trainer:
 
     def _settle_flops(self) -> None:
         """Add the tokens summed over ranks since the last call to `flops` (with several ranks each rank
-        knows only its own tokens until a reduction; they are reduced at log lines and checkpoints)."""
+        knows only its own tokens until a reduction; they are reduced at log lines)."""
         if self.dist.enabled:
             self.dist.all_reduce(self._pending_tokens)
             self.flops += self.model.flops(0, int(self._pending_tokens))
@@ -197,8 +197,13 @@ class Trainer:
                 f"checkpoint precedes them: lower train.lr, check the data, or raise train.max_bad_steps")
 
     def _state(self) -> dict:
-        self._settle_flops()
-        return {"bytes_seen": self.bytes_seen, "flops": self.flops, "bad_in_a_row": self.bad_in_a_row,
+        # the tokens not yet in `flops` are saved beside it, not added: a checkpoint between log lines
+        # leaves the FLOPs that `_plan_to_budget` reads as they would be without it
+        pending = self._pending_tokens.clone()
+        if self.dist.enabled:
+            self.dist.all_reduce(pending)
+        return {"bytes_seen": self.bytes_seen, "flops": self.flops, "pending_tokens": int(pending),
+                "bad_in_a_row": self.bad_in_a_row,
                 "bad_total": self.bad_total, "config": to_dict(self.cfg), "data": self.data.train.state_dict(),
                 "sample_rng": ckpt_io.rng_to_json(self.sample_rng),
                 "torch_rng": ckpt_io.rng_to_json(torch.default_generator),
@@ -274,6 +279,11 @@ class Trainer:
             raise ckpt_io.CheckpointError(f"{ckpt}: cannot continue its data stream: {e}") from None
         self.step = state["step"]
         self.bytes_seen, self.flops = state["bytes_seen"], state["flops"]
+        pending = state.get("pending_tokens", 0)  # the other ranks' and its own: held by rank 0 until summed
+        if not self.dist.enabled:
+            self.flops += self.model.flops(0, pending)
+        elif self.dist.is_main:
+            self._pending_tokens.fill_(pending)
         self.total_steps = self._steps_to_go()
         in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
         self._bad = torch.tensor([in_a_row, in_a_row, state.get("bad_total", in_a_row)], device=self.device)
