@@ -29,6 +29,7 @@ from learntok.eval.benchmarks import (
     lambada_item,
     load_benchmark,
     mean_and_se,
+    paired_difference,
     ratio_and_se,
     read_arc_easy,
     read_hellaswag,
@@ -38,6 +39,7 @@ from learntok.eval.benchmarks import (
 )
 from learntok.eval.report import (
     format_cell,
+    paired_rows,
     read_report_json,
     render_json,
     render_markdown,
@@ -439,6 +441,43 @@ def test_mean_and_ratio_se_helpers():
     assert all(math.isnan(x) for x in mean_and_se([]))
 
 
+def test_paired_difference_worked_examples():
+    # benchmarks weigh items equally: differences 0.1, 0.1, 0.4 -> mean 0.2, sd sqrt(0.03), SE 0.1
+    base = TaskResult("piqa", 3, 2.0, 0.58, item_bpb=[1.0, 2.0, 3.0])
+    other = TaskResult("piqa", 3, 2.2, 0.67, item_bpb=[1.1, 2.1, 3.4])
+    delta, se = paired_difference(base, other)
+    assert delta == pytest.approx(0.2) and se == pytest.approx(0.1)
+    # held-out text is pooled over bytes: documents of 10, 20, 10 bytes; both pool to 80 / 40 = 2.0, and the
+    # byte-weighted differences 5, 0, -5 give SE sqrt(50 / (3 * 2)) / (40 / 3)
+    base = TaskResult("heldout", 3, 2.0, 0.0, item_bpb=[1.0, 2.0, 3.0], item_bytes=[10.0, 20.0, 10.0])
+    other = TaskResult("heldout", 3, 2.0, 0.0, item_bpb=[1.5, 2.0, 2.5], item_bytes=[10.0, 20.0, 10.0])
+    delta, se = paired_difference(base, other)
+    assert delta == pytest.approx(0.0, abs=1e-12) and se == pytest.approx(math.sqrt(50 / 6) / (40 / 3))
+    # the difference of the pooled bpb, whatever the weights
+    shifted = TaskResult("heldout", 3, 0.0, 0.0, item_bpb=[1.0, 2.5, 3.0], item_bytes=[10.0, 20.0, 10.0])
+    assert paired_difference(base, shifted)[0] == pytest.approx(10 / 40)
+    # not the same items: no paired difference
+    assert paired_difference(base, TaskResult("heldout", 2, 2.0, 0.0, item_bpb=[1.0, 2.0], item_bytes=[10.0, 20.0])) is None
+    assert paired_difference(base, TaskResult("heldout", 3, 2.0, 0.0, item_bpb=[1.0, 2.0, 3.0], item_bytes=[20.0, 10.0, 10.0])) is None
+    assert paired_difference(base, TaskResult("heldout", 3, 2.0, 0.0)) is None
+
+
+def test_paired_difference_of_real_scores_is_the_difference_of_the_table():
+    """Two scorers on the same documents and items: the paired difference is exactly the difference of the
+    bpb cells, and its SE is below the unpaired one when both models find the same items hard."""
+    class Worse(UnigramScorer):  # a little worse on every byte, most on "z"
+        @staticmethod
+        def bits(byte: int) -> float:
+            return UnigramScorer.bits(byte) + (0.5 if byte == ord("z") else 0.1)
+
+    docs = ["aaaa aaaa aaaa", "the quick brown fox jumps over the lazy dog", "zzz"]
+    flat = evaluate_text(docs, UnigramScorer(), progress=False)
+    skewed = evaluate_text(docs, Worse(), progress=False)
+    delta, se = paired_difference(flat, skewed)
+    assert delta > 0 and delta == pytest.approx(skewed.bpb - flat.bpb)
+    assert se < math.hypot(flat.bpb_se, skewed.bpb_se)
+
+
 # ------------------------------------------------------------------------------------------
 # report
 # ------------------------------------------------------------------------------------------
@@ -511,3 +550,23 @@ def test_report_json_and_files(tmp_path):
     assert list(back) == ["Uniform", "Ours"]
     assert back["Ours"]["lambada"] == rows["Ours"][3]
     assert back["Uniform"]["heldout"].extra == {"n_bytes": 409600}
+
+
+def test_report_paired_differences():
+    rows = {"base": {"piqa": TaskResult("piqa", 3, 2.0, 0.58, item_bpb=[1.0, 2.0, 3.0]),
+                     "heldout": TaskResult("heldout", 3, 2.0, 0.1, item_bpb=[1.0, 2.0, 3.0], item_bytes=[10.0, 20.0, 10.0])},
+            "other": {"piqa": TaskResult("piqa", 3, 2.2, 0.67, item_bpb=[1.1, 2.1, 3.4]),
+                      "heldout": TaskResult("heldout", 3, 2.0, 0.1, item_bpb=[1.5, 2.0, 2.5], item_bytes=[10.0, 20.0, 10.0])},
+            "read back": {"piqa": TaskResult("piqa", 3, 2.1, 0.6)}}  # no items: no paired cell
+    assert list(paired_rows(rows)) == ["other"]
+    lines = render_markdown(rows, with_accuracy=False).splitlines()
+    i = lines.index("Difference from base in bits-per-byte (negative: fewer bits), \u00b1 standard error of the "
+                    "difference over the same items.")
+    assert lines[i + 2] == "| Model | PIQA | Held-out text |"
+    assert lines[i + 4] == "| other | +0.200 \u00b1 0.100 | +0.000 \u00b1 0.217 |"
+    assert len(lines) == i + 5
+    paired = json.loads(render_json(rows))["paired"]
+    assert paired["against"] == "base" and list(paired["rows"]) == ["other"]
+    assert paired["rows"]["other"]["piqa"] == {"difference": pytest.approx(0.2), "se": pytest.approx(0.1)}
+    assert "paired" not in json.loads(render_json(_fake_rows()))  # no items, no paired block
+    assert "Difference from" not in render_markdown(_fake_rows())

@@ -160,6 +160,15 @@ def test_paper_suite_two_checkpoints(capsys, run_dir, full_eval_dir, text_file, 
     assert data["meta"]["checkpoints"]["uniform"]["boundary_mode"] == "deterministic"
     assert data["rows"][1]["results"]["piqa"]["n"] == 2
     assert data["rows"][0]["results"]["hellaswag"]["n"] == 1 and data["rows"][0]["results"]["arc_easy"]["n"] == 2
+    # the second checkpoint against the first, paired over the same items and documents
+    assert "Difference from learned in bits-per-byte" in table
+    paired = data["paired"]
+    assert paired["against"] == "learned"
+    for key, cell in paired["rows"]["uniform"].items():
+        learned, uniform = (data["rows"][i]["results"][key]["bpb"] for i in (0, 1))
+        assert cell["difference"] == pytest.approx(uniform - learned, abs=1e-9)
+        assert cell["se"] is None or cell["se"] >= 0  # one HellaSwag item: no SE
+    assert sorted(paired["rows"]["uniform"]) == ["arc_easy", "heldout", "hellaswag", "lambada", "piqa"]
 
 
 def test_missing_benchmark_is_reported(capsys, run_dir, eval_dir, monkeypatch):

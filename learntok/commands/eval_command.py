@@ -9,7 +9,9 @@ Benchmarks are read from local files when there are some (``--eval-dir``, else `
 else ``../shared/data/eval`` of a development checkout), otherwise from the Hugging Face hub with
 `datasets`. Scores are the bits-per-byte of the gold continuation (paper §4.2, appendix D); see
 `learntok.eval.benchmarks` for the prompts and `learntok.eval.scorer` for boundary modes, seeds and
-truncation of long items.
+truncation of long items. With several checkpoints a second table gives each one's difference from the
+first, with the standard error of that difference over the same documents and items (paired: the spread
+between documents, which the table's own ± holds, cancels).
 """
 
 from __future__ import annotations

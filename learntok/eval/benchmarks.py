@@ -94,6 +94,7 @@ __all__ = [
     "evaluate_task",
     "mean_and_se",
     "ratio_and_se",
+    "paired_difference",
 ]
 
 
@@ -649,7 +650,9 @@ class TaskResult:
     (held-out text: pooled bits-per-byte). ``acc``/``acc_se``: accuracy (lowest-bpb candidate;
     LAMBADA greedy exact match) or None when not available. ``seconds``: wall time of scoring.
     ``extra``: task-specific numbers (JSON-serialisable). ``item_bpb``: per-item gold bpb (per
-    document for text), kept in memory for paired comparisons between models, not serialised.
+    document for text) and ``item_bytes``: each item's bytes where ``bpb`` is pooled over bytes (held-out
+    text; None where items count equally), kept in memory for paired comparisons between models
+    (:func:`paired_difference`), not serialised.
     """
 
     name: str
@@ -661,10 +664,12 @@ class TaskResult:
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     item_bpb: list[float] | None = field(default=None, repr=False, compare=False)
+    item_bytes: list[float] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("item_bpb")
+        d.pop("item_bytes")
         return d
 
     @classmethod
@@ -682,6 +687,20 @@ class TaskResult:
             seconds=float(d.get("seconds") or 0.0),
             extra=dict(d.get("extra") or {}),
         )
+
+
+def paired_difference(base: TaskResult, other: TaskResult) -> tuple[float, float] | None:
+    """``other.bpb - base.bpb`` and the standard error of that difference over the items both scored:
+    a paired comparison, in which what makes one item harder than another for both models cancels, so the
+    error is usually far smaller than the two SEs of a table's cells combined. Pooled bits-per-byte (held-out text)
+    weighs each item's difference by its bytes (:func:`ratio_and_se`); benchmarks weigh items equally
+    (:func:`mean_and_se`). None when the two did not score the same items."""
+    a, b = base.item_bpb, other.item_bpb
+    if a is None or b is None or len(a) != len(b) or base.item_bytes != other.item_bytes:
+        return None
+    if base.item_bytes is None:
+        return mean_and_se([y - x for x, y in zip(a, b)])
+    return ratio_and_se([n * (y - x) for x, y, n in zip(a, b, base.item_bytes)], base.item_bytes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -826,7 +845,7 @@ def evaluate_text(
         "mean_doc_bpb_se": mdoc_se,
         "skipped_empty": len(blobs) - len(kept),
     }
-    return TaskResult(name, len(kept), bpb, bpb_se, None, None, seconds, extra, item_bpb=doc_bpb)
+    return TaskResult(name, len(kept), bpb, bpb_se, None, None, seconds, extra, item_bpb=doc_bpb, item_bytes=nbytes)
 
 
 def evaluate_task(

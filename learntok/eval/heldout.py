@@ -124,4 +124,4 @@ def evaluate_heldout(
         extra["bpb_per_sample"] = per_sample
         extra["bpb_std_over_samples"] = mean_and_se(per_sample)[1] * math.sqrt(k)
     return TaskResult(name, len(blobs), bpb, bpb_se, None, None, seconds, extra,
-                      item_bpb=[b / n for b, n in zip(doc_bits, doc_bytes)])
+                      item_bpb=[b / n for b, n in zip(doc_bits, doc_bytes)], item_bytes=doc_bytes)

@@ -7,7 +7,8 @@ mapping ``column key -> TaskResult`` or an iterable of :class:`TaskResult` keyed
 print as an em dash.
 
 * :func:`render_markdown` — Markdown table, cells ``"1.234 ± 0.011"``; best (lowest) bpb per
-  column in bold when there are several rows; optionally a second table of accuracies.
+  column in bold when there are several rows; optionally a second table of accuracies; with several
+  rows, each row's difference from the first, paired over the same items (:func:`paired_rows`).
 * :func:`report_dict` / :func:`render_json` — machine-readable form with every field of every
   :class:`TaskResult` (acc, SE, n, seconds, extra); non-finite numbers become ``null``.
 * :func:`write_report` — writes ``<stem>.md`` and ``<stem>.json`` into a folder.
@@ -23,11 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from learntok.eval.benchmarks import TaskResult
+from learntok.eval.benchmarks import TaskResult, paired_difference
 
 __all__ = [
     "COLUMNS",
     "format_cell",
+    "paired_rows",
     "render_markdown",
     "report_dict",
     "render_json",
@@ -122,6 +124,48 @@ def _table(
     return lines
 
 
+def paired_rows(rows: Rows, columns: Sequence[tuple[str, str]] = COLUMNS) -> dict[str, dict[str, tuple[float, float]]]:
+    """Each row after the first against the first: ``{model: {column key: (difference, SE)}}``, bpb of the
+    row minus bpb of the first row, with the standard error of the difference over the items both scored
+    (:func:`~learntok.eval.benchmarks.paired_difference`). Cells whose items differ, or that were read back
+    from JSON (which keeps no items), are left out."""
+    norm = _normalise(rows)
+    if len(norm) < 2:
+        return {}
+    base = norm[0][1]
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for model, res in norm[1:]:
+        cells = {}
+        for key, _ in columns:
+            d = paired_difference(base[key], res[key]) if key in base and key in res else None
+            if d is not None and _finite(d[0]):
+                cells[key] = d
+        if cells:
+            out[model] = cells
+    return out
+
+
+def _paired_table(rows: Rows, columns: Sequence[tuple[str, str]], digits: int) -> list[str]:
+    paired = paired_rows(rows, columns)
+    columns = [(k, h) for k, h in columns if any(k in cells for cells in paired.values())]
+    if not columns:
+        return []
+    first = _normalise(rows)[0][0]
+    lines = ["", f"Difference from {_escape(first)} in bits-per-byte (negative: fewer bits), \u00b1 standard error "
+                 "of the difference over the same items.", "",
+             "| Model | " + " | ".join(h for _, h in columns) + " |", "|---|" + "|".join("---:" for _ in columns) + "|"]
+    for model, cells in paired.items():
+        row = []
+        for key, _ in columns:
+            if key not in cells:
+                row.append(_DASH)
+                continue
+            delta, se = cells[key]
+            row.append(f"{delta:+.{digits}f}" + (f" {_PM} {se:.{digits}f}" if _finite(se) else ""))
+        lines.append(f"| {_escape(model)} | " + " | ".join(row) + " |")
+    return lines
+
+
 def render_markdown(
     rows: Rows,
     *,
@@ -145,6 +189,7 @@ def render_markdown(
     if notes:
         out += [f"- {_escape(n)}" for n in notes] + [""]
     out += _table(norm, columns, digits, "bpb", bold_best, higher_is_better=False)
+    out += _paired_table(norm, columns, digits)
     if with_accuracy:
         acc_cols = [
             (k, h)
@@ -174,8 +219,9 @@ def report_dict(
     meta: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """JSON-ready dict: ``{"columns": [{key, header}], "rows": [{"model", "results": {key:
-    TaskResult.to_dict()}}]}``, plus ``"meta"`` when given (evaluation settings). Results under
-    keys that are not columns are kept too."""
+    TaskResult.to_dict()}}]}``, plus ``"paired"`` with several rows (:func:`paired_rows`: ``{"against":
+    first model, "rows": {model: {key: {"difference", "se"}}}}``) and ``"meta"`` when given (evaluation
+    settings). Results under keys that are not columns are kept too."""
     norm = _normalise(rows)
     d: dict[str, Any] = {
         "metric": "bits-per-byte of the correct continuation (mean over items, standard error); "
@@ -186,6 +232,11 @@ def report_dict(
             for model, res in norm
         ],
     }
+    paired = paired_rows(norm, columns)
+    if paired:
+        d["paired"] = {"against": norm[0][0],
+                       "rows": {model: {k: {"difference": delta, "se": se} for k, (delta, se) in cells.items()}
+                                for model, cells in paired.items()}}
     if meta is not None:
         d["meta"] = dict(meta)
     return _clean(d)
