@@ -457,8 +457,9 @@ def test_paired_difference_worked_examples():
     shifted = TaskResult("heldout", 3, 0.0, 0.0, item_bpb=[1.0, 2.5, 3.0], item_bytes=[10.0, 20.0, 10.0])
     assert paired_difference(base, shifted)[0] == pytest.approx(10 / 40)
     # not the same items: no paired difference
-    assert paired_difference(base, TaskResult("heldout", 2, 2.0, 0.0, item_bpb=[1.0, 2.0], item_bytes=[10.0, 20.0])) is None
-    assert paired_difference(base, TaskResult("heldout", 3, 2.0, 0.0, item_bpb=[1.0, 2.0, 3.0], item_bytes=[20.0, 10.0, 10.0])) is None
+    fewer = TaskResult("heldout", 2, 2.0, 0.0, item_bpb=[1.0, 2.0], item_bytes=[10.0, 20.0])
+    other_documents = TaskResult("heldout", 3, 2.0, 0.0, item_bpb=[1.0, 2.0, 3.0], item_bytes=[20.0, 10.0, 10.0])
+    assert paired_difference(base, fewer) is None and paired_difference(base, other_documents) is None
     assert paired_difference(base, TaskResult("heldout", 3, 2.0, 0.0)) is None
 
 
@@ -553,10 +554,11 @@ def test_report_json_and_files(tmp_path):
 
 
 def test_report_paired_differences():
+    sizes = [10.0, 20.0, 10.0]
     rows = {"base": {"piqa": TaskResult("piqa", 3, 2.0, 0.58, item_bpb=[1.0, 2.0, 3.0]),
-                     "heldout": TaskResult("heldout", 3, 2.0, 0.1, item_bpb=[1.0, 2.0, 3.0], item_bytes=[10.0, 20.0, 10.0])},
+                     "heldout": TaskResult("heldout", 3, 2.0, 0.1, item_bpb=[1.0, 2.0, 3.0], item_bytes=sizes)},
             "other": {"piqa": TaskResult("piqa", 3, 2.2, 0.67, item_bpb=[1.1, 2.1, 3.4]),
-                      "heldout": TaskResult("heldout", 3, 2.0, 0.1, item_bpb=[1.5, 2.0, 2.5], item_bytes=[10.0, 20.0, 10.0])},
+                      "heldout": TaskResult("heldout", 3, 2.0, 0.1, item_bpb=[1.5, 2.0, 2.5], item_bytes=sizes)},
             "read back": {"piqa": TaskResult("piqa", 3, 2.1, 0.6)}}  # no items: no paired cell
     assert list(paired_rows(rows)) == ["other"]
     lines = render_markdown(rows, with_accuracy=False).splitlines()

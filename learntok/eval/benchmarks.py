@@ -690,11 +690,12 @@ class TaskResult:
 
 
 def paired_difference(base: TaskResult, other: TaskResult) -> tuple[float, float] | None:
-    """``other.bpb - base.bpb`` and the standard error of that difference over the items both scored:
-    a paired comparison, in which what makes one item harder than another for both models cancels, so the
-    error is usually far smaller than the two SEs of a table's cells combined. Pooled bits-per-byte (held-out text)
-    weighs each item's difference by its bytes (:func:`ratio_and_se`); benchmarks weigh items equally
-    (:func:`mean_and_se`). None when the two did not score the same items."""
+    """``other.bpb - base.bpb`` and the standard error of that difference over the items both scored: a
+    paired comparison, in which what makes one item harder than another for both models cancels, so the
+    error is usually far smaller than the two SEs of a table's cells combined. Pooled bits-per-byte
+    (held-out text) weighs each item's difference by its bytes (:func:`ratio_and_se`); benchmarks weigh
+    items equally (:func:`mean_and_se`). None when the two did not score the same items (checked by their
+    number, and by their sizes where they have them)."""
     a, b = base.item_bpb, other.item_bpb
     if a is None or b is None or len(a) != len(b) or base.item_bytes != other.item_bytes:
         return None
