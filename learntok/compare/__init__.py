@@ -22,10 +22,10 @@ and measured with `learntok.analysis.analyse` (rate, whitespace precision/recall
 and BPE boundaries, token lengths, boundary enrichment B from the early-exit head's surprisal).
 
 How many held-out sequences: which sequences are scored moves a difference between two strategies, not
-only its noise, since one strategy finds some text easier than another does. On a prose corpus (38 runs of
-the CPU config in pairs, 512-byte sequences), the first 64 of its 418 held-out sequences moved the difference
-between two runs by 0.014 bpb (root mean square) from the difference on all 418, as much as most differences
-between boundary strategies there. Hence 256 by default: half the noise of 64 against unseen text (the
+only its noise, since one strategy finds some text easier than another does. On a prose corpus (66 pairs
+of runs of the CPU config, 512-byte sequences), the first 64 of its 418 held-out sequences moved the
+difference between two runs by 0.014 bpb (root mean square) from the difference on all 418, as much as most
+differences between boundary strategies there. Hence 256 by default: half the noise of 64 against unseen text (the
 square-root law), for about a minute more evaluation per run of that config on one core (one evaluation
 of all 418 sequences with two draws took 25 s). For the final word use `learntok eval`, which scores every
 held-out document and gives a difference's paired standard error (docs/results/credit_assignment,
