@@ -65,6 +65,11 @@ def mean_sd(xs):
     return (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else math.nan)
 
 
+def se(xs):
+    """Standard error of the mean over seeds."""
+    return mean_sd(xs)[1] / math.sqrt(len(xs))
+
+
 def pm(value: float, spread: float, sign: str = "") -> str:
     """``value ± spread``, the spread left out where there is none (one seed)."""
     return f"{value:{sign}.4f}" + ("" if math.isnan(spread) else f" ± {spread:.4f}")
@@ -104,7 +109,6 @@ def main() -> None:
         cells = [paired_difference(groups[a][s]["result"], groups[b][s]["result"]) for s in seeds]
         short = [groups[b][s]["compare_bpb"] - groups[a][s]["compare_bpb"] for s in seeds]
         d = [c[0] for c in cells]
-        se = lambda xs: statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
         if all(groups[g][s]["packed_bpb"] is not None for g in (a, b) for s in seeds):
             packed_d = [groups[b][s]["packed_bpb"] - groups[a][s]["packed_bpb"] for s in seeds]
             pa = pm(statistics.mean(packed_d), se(packed_d), "+")
