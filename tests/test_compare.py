@@ -71,6 +71,14 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
         assert len(run["curve"]) >= 2
         assert (run["seed"], run["train_seed"]) == (0, 3)  # the index of runs/<strategy>-seed0, and the seed it trained with
     assert 0.1 < by_name["uniform"]["rate"] < 0.3 and by_name["uniform"]["mean_token_bytes"] > 3
+    for run in results["runs"][:2]:  # each held-out sequence's bits, which pool to the run's bpb
+        assert len(run["sequence_bits"]) == len(run["sequence_bytes"]) == 4
+        assert sum(run["sequence_bits"]) / sum(run["sequence_bytes"]) == pytest.approx(run["bpb"])
+    [diff] = results["differences"]
+    assert diff["strategy"] == "bpe"
+    assert diff["difference"] == pytest.approx(by_name["bpe"]["bpb"] - by_name["uniform"]["bpb"])
+    assert diff["se_seeds"] is None and diff["se_text"] > 0  # one seed: the held-out text's error only
+    assert "held-out bpb minus uniform's" in table
     assert by_name["bpe"]["bpe_f1"] == 1.0  # the reference is the track it trains with
     html = (out / "segmentation.html").read_text()
     assert all(f"<h2>{name} " in html for name in ("uniform", "bpe"))
@@ -124,8 +132,10 @@ def test_claims_follow_their_stated_rules():
         summary = {"whitespace_precision": ws_precision}
         return RunResult(strategy, seed, "ok", bpb=bpb, flops=1e9, bytes=1e5, analysis={"summary": summary})
 
-    diff, se = bpb_difference([2.0, 2.2], [2.5, 2.7])
-    assert diff == pytest.approx(-0.5) and se == pytest.approx((0.02 / 2 + 0.02 / 2) ** 0.5)
+    d = bpb_difference([run("learned", 0, 2.0, 0), run("learned", 1, 2.2, 0)],
+                       [run("whitespace", 0, 2.5, 0), run("whitespace", 1, 2.7, 0)])
+    assert d["difference"] == pytest.approx(-0.5) and d["se"] == pytest.approx((0.02 / 2 + 0.02 / 2) ** 0.5)
+    assert d["se_text"] is None  # runs that kept no per-sequence bits: the error over seeds alone
     runs = [run("learned", 0, 2.0, 0.60), run("learned", 1, 2.2, 0.70),
             run("whitespace", 0, 2.5, 0.90), run("whitespace", 1, 2.7, 0.90),  # 0.5 below: > 2 SE (0.28)
             run("uniform", 0, 2.0, 0.20), run("uniform", 1, 2.3, 0.21),  # 0.05 below: within noise
@@ -139,6 +149,35 @@ def test_claims_follow_their_stated_rules():
     runs[0], runs[1] = run("learned", 0, 3.5, 0.2), run("learned", 1, 3.6, 0.19)
     verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
     assert verdicts["structure"] == "not above blind placement" and verdicts["bpb vs whitespace"] == "behind"
+
+
+def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text():
+    """A worked example: two seeds a side, three held-out sequences of 10, 20 and 10 bytes."""
+    from learntok.compare import RunResult
+    from learntok.compare.report import bpb_difference, differences, differences_markdown
+
+    sizes = [10, 20, 10]
+
+    def run(strategy, seed, bits):
+        return RunResult(strategy, seed, "ok", bpb=sum(bits) / sum(sizes), sequence_bits=bits, sequence_bytes=sizes)
+
+    a = [run("a", 0, [10, 20, 10]), run("a", 1, [14, 24, 10])]  # bpb 1.0, 1.2; per sequence, mean 12, 22, 10
+    b = [run("b", 0, [10, 30, 10]), run("b", 1, [10, 30, 14])]  # bpb 1.25, 1.35; 10, 30, 12
+    d = bpb_difference(a, b)
+    assert d["difference"] == pytest.approx(-0.2)
+    assert d["se_seeds"] == pytest.approx((0.02 / 2 + 0.005 / 2) ** 0.5)  # variances 0.02 and 0.005 over 2 seeds
+    # differences 2, -8, -2 bits over 10, 20, 10 bytes: residuals 4, -4, 0 from -0.2 per byte,
+    # sqrt(32 / (3 * 2)) / (40 / 3)
+    assert d["se_text"] == pytest.approx(3 ** 0.5 / 10)
+    assert d["se"] == pytest.approx((0.0125 + 0.03) ** 0.5)
+    one_seed = bpb_difference(a[:1], b)  # no error over seeds with one seed: no verdict, the text's error still shown
+    assert one_seed["se"] is None and one_seed["se_text"] is not None
+    other_text = run("b", 0, [10, 30, 10])
+    other_text.sequence_bytes = [10, 10, 20]
+    assert bpb_difference(a, [other_text, b[1]])["se_text"] is None  # not the same sequences: no paired error
+    rows = differences(a + b + [RunResult("c", 0, "failed")])
+    assert [(r["strategy"], r["from"]) for r in rows] == [("b", "a")]
+    assert "| b | +0.200 ± 0.206 | 0.112 | 0.173 |" in differences_markdown(rows)
 
 
 def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch_size():

@@ -27,7 +27,10 @@ of runs of the CPU config, 512-byte sequences), the first 64 of its 418 held-out
 difference between two runs by 0.014 bpb (root mean square) from the difference on all 418, as much as most
 differences between boundary strategies there. Hence 256 by default: half the noise of 64 against unseen text (the
 square-root law), for about a minute more evaluation per run of that config on one core (one evaluation
-of all 418 sequences with two draws took 25 s). For the final word use `learntok eval`, which scores every
+of all 418 sequences with two draws took 25 s). The report says how much that chance weighs: each run keeps
+every held-out sequence's bits, and each difference between strategies gets a standard error over the
+held-out sequences beside the one over seeds (`report.bpb_difference`; the seeds' spread cannot hold it,
+since every run scores the same sequences). For the final word use `learntok eval`, which scores every
 held-out document and gives a difference's paired standard error (docs/results/credit_assignment,
 section 20).
 

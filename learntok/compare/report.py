@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
+from ..eval.benchmarks import ratio_and_se
 from .run import BpeReference, CompareSettings, RunResult
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
@@ -70,12 +71,66 @@ def table_markdown(rows: list[dict], budget: float) -> str:
     return "\n".join(lines)
 
 
-def bpb_difference(a: list[float], b: list[float]) -> tuple[float, float | None]:
-    """mean(a) - mean(b) and its standard error (None with a single seed on either side)."""
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    if len(a) < 2 or len(b) < 2:
-        return diff, None
-    return diff, (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
+    """Held-out bpb of runs `a` minus runs `b` (each side's mean over its seeds) and its standard errors:
+
+    se_seeds  from the spread of each side's bpb over its seeds (training noise; None with one seed on
+              either side);
+    se_text   over the held-out sequences, which every run scores: each sequence's bits averaged over each
+              side's seeds, the byte-weighted difference's standard error with sequences as the units
+              (`ratio_and_se`). The sequences are the same for every run, so the seeds' spread does not hold
+              the chance of which text was held out; None where the runs did not keep per-sequence bits or
+              did not score the same sequences;
+    se        both in quadrature (slightly conservative: se_text also holds some of the seeds' noise), the
+              error a verdict uses; None with one seed on either side."""
+    diff = statistics.fmean(r.bpb for r in a) - statistics.fmean(r.bpb for r in b)
+    se_seeds = None
+    if len(a) > 1 and len(b) > 1:
+        se_seeds = math.hypot(*(statistics.stdev([r.bpb for r in runs]) / len(runs) ** 0.5 for runs in (a, b)))
+    se_text = None
+    sizes = {tuple(r.sequence_bytes) for r in a + b}
+    if len(sizes) == 1 and len(sizes.pop()) > 1:
+        side_bits = [[statistics.fmean(bits) for bits in zip(*(r.sequence_bits for r in runs))] for runs in (a, b)]
+        _, se_text = ratio_and_se([x - y for x, y in zip(*side_bits)], a[0].sequence_bytes)
+    se = None if se_seeds is None else math.hypot(se_seeds, se_text or 0.0)
+    return {"difference": diff, "se_seeds": se_seeds, "se_text": se_text, "se": se}
+
+
+def _describe(d: dict) -> str:
+    """`+0.012 bpb ± 0.009 (standard error over seeds 0.008, over held-out text 0.004)`, with the errors there are."""
+    parts = [f"{name} {d[key]:.3f}" for name, key in (("over seeds", "se_seeds"), ("over held-out text", "se_text"))
+             if d[key] is not None]
+    text = f"{d['difference']:+.3f} bpb" + (f" ± {d['se']:.3f}" if d["se"] is not None else "")
+    return text + (f" (standard error {', '.join(parts)})" if parts else "")
+
+
+def _finished_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """The finished runs of each strategy, strategies in the order they ran."""
+    by_strategy: dict[str, list[RunResult]] = {}
+    for r in results:
+        if r.status == "ok":
+            by_strategy.setdefault(r.strategy, []).append(r)
+    return by_strategy
+
+
+def differences(results: list[RunResult]) -> list[dict]:
+    """Each strategy's held-out bpb minus the first strategy's (`bpb_difference`): a negative difference
+    is fewer bits."""
+    by_strategy = _finished_by_strategy(results)
+    names = list(by_strategy)
+    return [{"strategy": name, "from": names[0], **bpb_difference(by_strategy[name], by_strategy[names[0]])}
+            for name in names[1:]]
+
+
+def differences_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    lines = [f"| held-out bpb minus {rows[0]['from']}'s | difference ± standard error | over seeds | "
+             "over held-out text |", "|---|---:|---:|---:|"]
+    for r in rows:
+        both = f"{r['difference']:+.3f}" + (f" ± {r['se']:.3f}" if r["se"] is not None else "")
+        lines.append(f"| {r['strategy']} | {both} | {_fmt(r['se_seeds'])} | {_fmt(r['se_text'])} |")
+    return "\n".join(lines)
 
 
 def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPER_POLICY) -> list[dict]:
@@ -84,13 +139,10 @@ def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPE
     structure   the policy's whitespace precision, compared with blind placement (the whitespace share
                 of the bytes) and with the whitespace rule's (`WHITESPACE_RULE`; 1.0 when it was not run): whitespace-
                 like when it is at least halfway from the first to the second in every seed;
-    bpb vs X    held-out bpb difference to strategy X with its standard error over seeds: ahead or behind
-                when the difference exceeds two standard errors, within noise otherwise, not judged with
-                one seed."""
-    ok = [r for r in results if r.status == "ok"]
-    by_strategy: dict[str, list[RunResult]] = {}
-    for r in ok:
-        by_strategy.setdefault(r.strategy, []).append(r)
+    bpb vs X    held-out bpb difference to strategy X with its standard error (`bpb_difference`: over
+                seeds and over the held-out text): ahead or behind when the difference exceeds two standard
+                errors, within noise otherwise, not judged with one seed."""
+    by_strategy = _finished_by_strategy(results)
     if policy not in by_strategy:
         return []
     mine = by_strategy[policy]
@@ -106,19 +158,18 @@ def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPE
                 "detail": (f"whitespace precision {', '.join(f'{x:.3f}' for x in ws)} (per seed) against blind "
                            f"placement {whitespace_share:.3f} and the {WHITESPACE_RULE} strategy's {ceiling:.3f} "
                            f"(halfway: {halfway:.3f})")})
-    bpb = [r.bpb for r in mine]
     for name, runs in by_strategy.items():
         if name == policy:
             continue
-        diff, se = bpb_difference(bpb, [r.bpb for r in runs])
-        if se is None:
+        d = bpb_difference(mine, runs)
+        if d["se"] is None:
             verdict = "one seed: not judged"
-        elif abs(diff) > 2 * se:
-            verdict = "ahead" if diff < 0 else "behind"
+        elif abs(d["difference"]) > 2 * d["se"]:
+            verdict = "ahead" if d["difference"] < 0 else "behind"
         else:
             verdict = "within noise"
         out.append({"claim": f"bpb vs {name}", "verdict": verdict,
-                    "detail": f"{policy} minus {name}: {diff:+.3f} bpb" + (f" ± {se:.3f} (standard error)" if se is not None else "")})
+                    "detail": f"{policy} minus {name}: {_describe(d)}"})
     return out
 
 
@@ -299,13 +350,20 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     run_line = (f"Run {started.strftime('%Y-%m-%d')} on {machine_description()}; training and evaluation took "
                 f"{sum(r.wall_s for r in results) / 60:.1f} minutes summed over the runs (this invocation: "
                 f"{seconds / 60:.1f} minutes; finished runs are reused).")
-    verdicts = claims(results, ws_share)
+    verdicts, diffs = claims(results, ws_share), differences(results)
+    if diffs:
+        notes.insert(1, ("Differences: each strategy's held-out bpb minus the first's (mean over seeds), with the "
+                         "standard error over seeds (training noise), over the held-out sequences (which text was "
+                         "held out: the same sequences score every run, so the seeds' spread does not hold it) and "
+                         "both in quadrature (`learntok.compare.report.bpb_difference`). A difference beyond two of "
+                         "them is more than noise."))
     text = "\n".join([f"# Boundary strategies at matched training FLOPs: {corpus}", "", f"`{settings.command}`", "",
-                      run_line, "", table, "", *[f"- {n}" for n in notes], "", claims_markdown(verdicts), ""])
+                      run_line, "", table, "", *([differences_markdown(diffs), ""] if diffs else []),
+                      *[f"- {n}" for n in notes], "", claims_markdown(verdicts), ""])
     (out / "table.md").write_text(text)
     payload = {"command": settings.command, "started": started.isoformat(timespec="seconds"), "seconds": seconds,
                "machine": machine_description(), "settings": {**asdict(settings), "out": str(settings.out)},
-               "bpe_reference": reference.description, "rows": rows, "claims": verdicts,
+               "bpe_reference": reference.description, "rows": rows, "differences": diffs, "claims": verdicts,
                "runs": [asdict(r) for r in results],
                "files": {"table": "table.md", "plot": plot and plot.name, "segmentation_png": seg_png and seg_png.name,
                          "segmentation_html": "segmentation.html"}}

@@ -61,6 +61,10 @@ class RunResult:
     analysis: dict = field(default_factory=dict)
     curve: list = field(default_factory=list)  # [(flops, val_bpb)] during training
     train_seed: int | None = None  # the run's train.seed: the config's train.seed + seed
+    # each held-out sequence's bits (mean over the draws) and predicted bytes: a difference's standard error
+    # over held-out text (empty in reports written before they were kept)
+    sequence_bits: list = field(default_factory=list)
+    sequence_bytes: list = field(default_factory=list)
 
 
 # --- planning ------------------------------------------------------------------------------------
@@ -152,13 +156,14 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     model, device = trainer.model, trainer.device
     stochastic = getattr(model.boundaries, "stochastic", False)
     samples = settings.eval_samples if stochastic else 1
-    ev = evaluate(model, data.val, samples=samples, device=device)
+    ev = evaluate(model, data.val, samples=samples, device=device, per_sequence=True)
     ref = reference.for_batches(data.val)
     report = analyse(model, data.val, bpe_reference=ref, samples=settings.analysis_samples if stochastic else 1,
                      seed=1234)
     rows = read_metrics(run_dir / "metrics.jsonl")
     result.status = "ok"
     result.bpb, result.bpb_std_over_samples, result.eval_samples = ev["bpb"], ev["bpb_std_over_samples"], samples
+    result.sequence_bits, result.sequence_bytes = ev["sequence_bits"], ev["sequence_bytes"]
     result.flops, result.bytes, result.steps = float(trainer.flops), float(trainer.bytes_seen), trainer.step
     result.planned_flops_per_byte = per_byte
     result.analysis = {**report.to_dict(), "bpe_reference": reference.description,
