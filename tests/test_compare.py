@@ -182,7 +182,8 @@ def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text()
 
 def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch_size():
     """A run with smaller batches (several boundary draws per sequence, say) gets more held-out batches:
-    64 sequences for every batch size that divides 64, the next whole batch above for the others."""
+    64 sequences for every batch size that divides 64 (the same 64, spread over the val split), the next whole
+    batch above for the others (spread over the split as that many are)."""
     from learntok.compare import CompareSettings
     from learntok.compare.run import run_config
     for batch_size, sequences in ((8, 64), (4, 64), (2, 64), (3, 66)):

@@ -189,13 +189,14 @@ def test_val_batches_are_fixed_and_leave_training_alone(tmp_path):
     before = loader.state_dict()
     batches = list(loader.val_batches(7))
     assert [len(b.inputs) for b in batches] == [4, 3]
-    assert ids_of(batches) == list(range(7))
+    assert ids_of(batches) == [0, 1, 2, 4, 5, 7, 8]  # spread over the 10 sequences: i * 10 // 7
     assert loader.state_dict() == before
-    assert ids_of(loader.val_batches(7, batch_size=7)) == list(range(7))
-    assert sum(len(b.inputs) for b in loader.val_batches(1000)) == 10  # capped at the split's size
+    assert ids_of(loader.val_batches(7, batch_size=7)) == [0, 1, 2, 4, 5, 7, 8]
+    assert ids_of(loader.val_batches(5)) == [0, 2, 4, 6, 8]
+    assert ids_of(loader.val_batches(1000)) == list(range(10))  # capped at the split's size: every sequence
     shares = [ids_of(ShardedBatches(path, 8, 4, rank=r, world_size=3).val_batches(7, distributed=True))
               for r in range(3)]
-    assert shares == [[0, 1, 2], [3, 4], [5, 6]]
+    assert shares == [[0, 1, 2], [4, 5], [7, 8]]
     val = ShardedBatches(path, 8, 4, split="val")
     assert ids_of(val.val_batches()) == [0, 1]
 

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--analysis-samples", type=int, default=1,
                    help="boundary samples for the boundary measures of stochastic strategies (default 1)")
     p.add_argument("--heldout-sequences", type=int, default=256,
-                   help="held-out sequences every run is evaluated on, the first of the val split, whatever the "
+                   help="held-out sequences every run is evaluated on, spread evenly over the val split, whatever the "
                         "run's batch size, rounded up to whole batches (sets train.eval_batches; default 256; "
                         "fewer is faster and noisier: see learntok.compare)")
     p.add_argument("--paragraph-file", metavar="F",

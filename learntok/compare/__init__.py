@@ -15,24 +15,26 @@ each trains on a different number of bytes:
    FLOPs reach it (at most one step over).
 
 `train.eval_every` is set so that each run logs about `eval_points` held-out points (the bpb-vs-FLOPs
-curves). After training, each model is evaluated on the same held-out sequences (the first
-`heldout_sequences` of the val split, whatever the run's batch size) with the trainer's `evaluate`
-(boundaries sampled: `eval_samples` seeded draws for stochastic strategies, one for deterministic ones)
-and measured with `learntok.analysis.analyse` (rate, whitespace precision/recall, agreement with word
-and BPE boundaries, token lengths, boundary enrichment B from the early-exit head's surprisal).
+curves). After training, each model is evaluated on the same held-out sequences (`heldout_sequences` of the
+val split, spread evenly over it, whatever the run's batch size) with the trainer's `evaluate` (boundaries
+sampled: `eval_samples` seeded draws for stochastic strategies, one for deterministic ones) and measured
+with `learntok.analysis.analyse` (rate, whitespace precision/recall, agreement with word and BPE
+boundaries, token lengths, boundary enrichment B from the early-exit head's surprisal).
 
-How many held-out sequences: which sequences are scored moves a difference between two strategies, not
-only its noise, since one strategy finds some text easier than another does. On a prose corpus (66 pairs
-of runs of the CPU config, 512-byte sequences), the first 64 of its 418 held-out sequences moved the
-difference between two runs by 0.014 bpb (root mean square) from the difference on all 418, as much as most
-differences between boundary strategies there. Hence 256 by default: half the noise of 64 against unseen text (the
-square-root law), for about a minute more evaluation per run of that config on one core (one evaluation
-of all 418 sequences with two draws took 25 s). The report says how much that chance weighs: each run keeps
+Which held-out sequences: which text is scored moves a difference between two strategies, since one
+strategy finds some text easier than another does, and consecutive sequences share their documents. On a
+prose corpus (418 held-out sequences of 512 bytes, 66 pairs of runs of the CPU config at each of two
+budgets) the first 64 sequences moved a difference from its value on all 418 by 0.012-0.018 bpb (root mean
+square), two to three times what the held-out text's standard error said, and the first 256 by 0.007-0.011,
+four to five times; 64 spread evenly moved it by 0.005, 256 by 0.001-0.002, within that standard error
+(docs/results/credit_assignment, section 21). Hence sequences spread evenly, and 256 of them by default,
+for about a minute more evaluation per run of that config on one core (one pass over 256 sequences 6 s,
+over 64 2 s; a run makes about 13). The report says how much the choice of text weighs: each run keeps
 every held-out sequence's bits, and each difference between strategies gets a standard error over the
 held-out sequences beside the one over seeds (`report.bpb_difference`; the seeds' spread cannot hold it,
 since every run scores the same sequences). For the final word use `learntok eval`, which scores every
 held-out document and gives a difference's paired standard error (docs/results/credit_assignment,
-section 20).
+sections 20 and 21).
 
 Running is `learntok.compare.run` (settings, the budget's plan, one run, the BPE reference), reporting
 `learntok.compare.report` (table, verdicts, plots, results.json). The report folder holds table.md,

@@ -36,7 +36,7 @@ class CompareSettings:
     eval_points: int = 8  # held-out evaluations per run (the curves)
     eval_samples: int = 4  # boundary samples of the final evaluation, stochastic strategies
     analysis_samples: int = 1  # boundary samples of the boundary measures, stochastic strategies
-    # held-out sequences every run is evaluated on, whatever its batch size (the first of the val split)
+    # held-out sequences every run is evaluated on, whatever its batch size (spread evenly over the val split)
     heldout_sequences: int = 256  # see the package docstring for why not fewer
     paragraph: str | None = None  # the text shown segmented by every strategy (default: from the held-out data)
     progress: bool = False

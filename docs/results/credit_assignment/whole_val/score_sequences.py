@@ -23,7 +23,7 @@ for run in sys.argv[2:]:
     model, cfg = load_model(run_dir)
     cfg.train.eval_batches = 10**6  # every sequence of the val split
     val = make_data(cfg).val
-    ev = evaluate(model, val, samples=2)
+    ev = evaluate(model, val, samples=2, per_sequence=True)  # each sequence's bits: calibration.py
     row = {"run": str(run_dir), "sequences": sum(len(b.inputs) for b in val), **ev}
     target.write_text(json.dumps(row))
     print(f"{Path(run).name}: {row['sequences']} sequences, bpb {ev['bpb']:.4f}", flush=True)
