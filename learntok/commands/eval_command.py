@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'demo' (the demo corpus' held-out text), a prepared directory (its val split), or a "
                         "text / JSONL / Parquet file or folder. Default when no --tasks: the run's own held-out data")
     g.add_argument("--field", default="text", help="JSONL/Parquet field holding the text (default: text)")
-    g.add_argument("--max-docs", type=int, help="score only the first N held-out documents")
+    g.add_argument("--max-docs", type=int, help="score only the first N held-out documents (a quick look: the first "
+                                                "documents of a source need not be like the rest)")
     g.add_argument("--max-bytes", type=int, help="score at most this many held-out bytes")
     g = p.add_argument_group("benchmarks")
     g.add_argument("--tasks", help="comma-separated: piqa,hellaswag,arc_easy,lambada")
