@@ -47,6 +47,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
@@ -634,7 +635,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     stochastic = getattr(trainer.model.boundaries, "stochastic", False)
     with trainer._autocast():
         final = evaluate(trainer.model, data.val, samples=2 if stochastic else 1, device=trainer.device,
-                         max_rows=cfg.train.batch_size // cfg.train.micro_batches)
+                         max_rows=cfg.train.batch_size // cfg.train.micro_batches, per_sequence=True)
         boundaries = analyse(trainer.model, data.val, samples=1, seed=1234).summary()
     n_params = sum(p.numel() for p in trainer.model.parameters())
     result = {"strategy": strategy, "config": sizes.learn_config, "overrides": overrides, "parameters": n_params,
@@ -642,7 +643,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
               "data": data.description, "heldout_sequences": sum(len(b.inputs) for b in data.val),
               "flops": float(trainer.flops), "bytes": float(trainer.bytes_seen), "steps": trainer.step,
               "wall_s": round(wall, 1), "val_bpb": final["bpb"], "val_bpb_std_over_samples": final["bpb_std_over_samples"],
-              "eval_samples": final["samples"], "boundaries": boundaries, "probes": trainer.probes}
+              "eval_samples": final["samples"], "sequence_bits": final["sequence_bits"],
+              "sequence_bytes": final["sequence_bytes"], "boundaries": boundaries, "probes": trainer.probes}
     say(f"{strategy}: {trainer.step} steps, {trainer.bytes_seen / 1e6:.1f}M bytes, {trainer.flops:.4g} FLOPs in "
         f"{wall:.0f} s; held-out bpb {final['bpb']:.4f}")
     return result
@@ -769,24 +771,39 @@ def render_figures(fig: dict) -> list[str]:
     return out
 
 
+def difference_from(r: dict, base: dict) -> str:
+    """A run's held-out bpb minus the `base` run's, ± its standard error over the held-out sequences (paired:
+    both scored the same ones; learntok.compare.report.bpb_difference), where both runs kept their bits."""
+    from learntok.compare.report import bpb_difference
+
+    def runs(x):
+        return [SimpleNamespace(bpb=x["val_bpb"], sequence_bits=x.get("sequence_bits", []),
+                                sequence_bytes=x.get("sequence_bytes", []))]
+    d = bpb_difference(runs(r), runs(base))
+    return f"{d['difference']:+.4f}" + (f" ± {d['se_text']:.4f}" if d["se_text"] is not None else "")
+
+
 def render_learn(learn: dict) -> list[str]:
-    out = ["| strategy | parameters | steps | bytes | FLOPs | wall (s) | held-out bpb | rate | whitespace precision | "
-           "whitespace recall | word-start precision |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     done = {name: r for name, r in learn.items() if r and "val_bpb" in r}
     first = next(iter(done.values()), None)
+    base_name = "uniform" if "uniform" in done else next(iter(done), None)  # the differences are from it
+    out = [f"| strategy | parameters | steps | bytes | FLOPs | wall (s) | held-out bpb | minus {base_name}'s | rate | "
+           "whitespace precision | whitespace recall | word-start precision |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     shared = [o for o in first["overrides"] if all(o in r["overrides"] for r in done.values())] if first else []
     for name, r in done.items():
         b = r["boundaries"]
         own = [o for o in r["overrides"] if o not in shared and not o.startswith("boundaries.name=")]
         name = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
         out.append(f"| {name} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
-                   f"{r['wall_s']} | {r['val_bpb']:.4f} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
-                   f"{b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
+                   f"{r['wall_s']} | {r['val_bpb']:.4f} | {difference_from(r, done[base_name]) if r is not done[base_name] else ''} | {b['rate']:.3f} | "
+                   f"{b['whitespace_precision']:.3f} | {b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
     if first:
         out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
                 f"{' '.join(o for o in shared if not o.startswith('boundaries.name='))}; data: {first['data']}; held out: "
                 f"{first['heldout_sequences']} sequences of its val split (bpb with sampled boundaries, mean of "
-                f"{first['eval_samples']} draws for learned). One seed each.", "", "Probes during training:", "",
+                f"{first['eval_samples']} draws for learned). One seed each: the ± of a difference is its standard "
+                "error over the held-out sequences (which text was held out), not over seeds.", "",
+                "Probes during training:", "",
                 "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall "
                 "| word-start precision |", "|---|---|---|---|---|---|---|---|"]
         for name, r in learn.items():

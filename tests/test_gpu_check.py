@@ -66,6 +66,11 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert "boundaries.learned.scale=1" in learned["overrides"] and "boundaries.learned.scale=1" not in uniform["overrides"]
     report = (tmp_path / "report.md").read_text()
     assert "| learned (boundaries.learned.scale=1) |" in report
+    # each run's difference from the first, ± its standard error over the held-out sequences both scored
+    assert "| minus uniform's |" in report and len(learned["sequence_bits"]) == learned["heldout_sequences"]
+    row = next(line for line in report.splitlines() if line.startswith("| learned (boundaries.learned.scale=1) |"))
+    cell = row.split("|")[8].strip()
+    assert cell.startswith(f"{learned['val_bpb'] - uniform['val_bpb']:+.4f} ± ") and float(cell.split("± ")[1]) > 0
     assert "Where learned's boundaries fall at step" in report and "Where uniform's boundaries fall" in report
     assert "| word-start precision |" in report and learned["probes"][-1]["word_start_precision"] >= 0
     # a fixed rule at the same FLOPs: word_start's boundaries are all word starts
