@@ -794,9 +794,10 @@ def render_learn(learn: dict) -> list[str]:
         b = r["boundaries"]
         own = [o for o in r["overrides"] if o not in shared and not o.startswith("boundaries.name=")]
         name = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
+        diff = difference_from(r, done[base_name]) if r is not done[base_name] else ""
         out.append(f"| {name} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
-                   f"{r['wall_s']} | {r['val_bpb']:.4f} | {difference_from(r, done[base_name]) if r is not done[base_name] else ''} | {b['rate']:.3f} | "
-                   f"{b['whitespace_precision']:.3f} | {b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
+                   f"{r['wall_s']} | {r['val_bpb']:.4f} | {diff} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
+                   f"{b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
     if first:
         out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
                 f"{' '.join(o for o in shared if not o.startswith('boundaries.name='))}; data: {first['data']}; held out: "
