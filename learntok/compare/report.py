@@ -88,8 +88,7 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
     if len(a) > 1 and len(b) > 1:
         se_seeds = math.hypot(*(statistics.stdev([r.bpb for r in runs]) / len(runs) ** 0.5 for runs in (a, b)))
     se_text = None
-    sizes = {tuple(r.sequence_bytes) for r in a + b}
-    if len(sizes) == 1 and len(sizes.pop()) > 1:
+    if len({tuple(r.sequence_bytes) for r in a + b}) == 1 and len(a[0].sequence_bytes) > 1:  # the same sequences
         side_bits = [[statistics.fmean(bits) for bits in zip(*(r.sequence_bits for r in runs))] for runs in (a, b)]
         _, se_text = ratio_and_se([x - y for x, y in zip(*side_bits)], a[0].sequence_bytes)
     se = None if se_seeds is None else math.hypot(se_seeds, se_text or 0.0)
