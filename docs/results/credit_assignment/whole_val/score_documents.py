@@ -14,6 +14,7 @@ from learntok.eval.scorer import UNetScorer
 
 torch.set_num_threads(1)
 out, data, runs = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+out.mkdir(parents=True, exist_ok=True)
 docs, what = read_heldout(data)
 for run in runs:
     name = Path(run).name

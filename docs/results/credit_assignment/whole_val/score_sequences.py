@@ -15,6 +15,7 @@ from learntok.train.checkpoint import load_model
 
 torch.set_num_threads(1)
 out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
 for run in sys.argv[2:]:
     target = out / f"{Path(run).name}.json"
     if target.exists():
