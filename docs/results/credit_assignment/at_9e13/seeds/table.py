@@ -40,7 +40,8 @@ for s in seeds:
     rows[s] = {k: scores(f"xl_{run}_s{s}") for k, run in (("learned", "d1"), ("uniform", "uniform"))}
     for k, r in rows[s].items():
         print(f"| {s} | {k} | {r['compare']:.4f} | {r['sequences']['bpb']:.4f} | {r['documents']['bpb']:.4f} | "
-              f"{r['documents']['boundary_rate']:.3f} | {r['rate']:.3f} | {r['training_rate']:.3f} | {r['whitespace_precision']:.3f} | {r['word_start_precision']:.3f} | "
+              f"{r['documents']['boundary_rate']:.3f} | {r['rate']:.3f} | {r['training_rate']:.3f} | "
+              f"{r['whitespace_precision']:.3f} | {r['word_start_precision']:.3f} | "
               f"{r['bytes'] / 1e6:.2f}M |")
 print()
 print("| seed | learned - uniform: 64 sequences | 418 sequences (± paired SE over sequences) | "
