@@ -95,23 +95,31 @@ class Segmentation:
 
 @torch.no_grad()
 def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
-            boundaries: str = "sampled") -> Segmentation:
+            boundaries: str = "sampled", tau: float | None = None) -> Segmentation:
     """Run the model over BOS + text in eval mode and read off its boundaries: for stochastic strategies
-    sampled with `seed` (`boundaries="sampled"`), or the policy's most likely boundaries,
-    a = [p > 0.5] decided in order (`"threshold"`, as `learntok eval --boundaries threshold`: the
-    segmentation a committed policy has settled on). A text longer than `context` bytes (default: the
-    training sequence length when known, else 4096) is cut into pieces, each read after its own BOS."""
+    sampled with `seed` (`boundaries="sampled"`); the policy's most likely boundaries, a = [p > 0.5]
+    decided in order (`"threshold"`, as `learntok eval --boundaries threshold`: the segmentation a
+    committed policy has settled on, and almost none for a policy that keeps every p below 0.5); or
+    a = [logit > tau], one threshold for the whole text (`"quantile"`: `tau` defaults to
+    `quantile_threshold`, the one that gives this text boundaries at the policy's target rate). A text
+    longer than `context` bytes (default: the training sequence length when known, else 4096) is cut
+    into pieces, each read after its own BOS."""
+    from .eval.scorer import BOUNDARY_MODES
     from .hub import default_context
 
-    if boundaries not in ("sampled", "threshold"):
-        raise ValueError(f"unknown boundaries {boundaries!r}; choose 'sampled' or 'threshold'")
+    if boundaries not in BOUNDARY_MODES:
+        raise ValueError(f"unknown boundaries {boundaries!r}; choose one of {', '.join(BOUNDARY_MODES)}")
     strategy = model.boundaries
-    threshold = boundaries == "threshold" and strategy.stochastic
-    if threshold and not strategy.thresholdable:
+    constant = boundaries != "sampled" and strategy.stochastic  # one uniform for every decision
+    if constant and not strategy.thresholdable:
         raise ValueError(f"the {strategy.name!r} strategy has no per-byte boundary probability to threshold; "
                          "use boundaries='sampled'")
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     context = context or default_context(model)
+    if constant and boundaries == "quantile" and tau is None:
+        tau = quantile_threshold(model, data, context)
+    # a constant uniform u turns each sampled decision into p > u: u = 0.5 thresholds, sigmoid(tau) is logit > tau
+    u = (0.5 if boundaries == "threshold" else torch.sigmoid(torch.tensor(float(tau))).item()) if constant else None
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -120,14 +128,28 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     try:
         for start in range(0, len(data), context):
             inputs = torch.tensor([[BOS, *data[start:start + context]]], dtype=torch.long, device=device)
-            # a constant uniform of 0.5 turns each sampled decision into the threshold p > 0.5
-            uniforms = torch.full(inputs.shape, 0.5, device=device) if threshold else None
+            uniforms = torch.full(inputs.shape, u, device=device) if constant else None
             bnd = model(inputs, generator=gen, uniforms=uniforms).boundaries
             probs += (bnd.probs if bnd.probs is not None else bnd.a.float())[0, 1:].tolist()
             bounds += bnd.a[0, 1:].tolist()
     finally:
         model.train(was_training)
     return Segmentation(data, probs, bounds)
+
+
+def quantile_threshold(model, text: str | bytes, context: int | None = None) -> float:
+    """The logit threshold tau at which [logit > tau] gives `text` (its first 64 kB) boundaries at the
+    policy's target rate, found as `learntok eval --boundaries quantile` finds it on held-out text
+    (`UNetScorer.calibrate`, in pieces of `context` bytes)."""
+    from .eval.scorer import UNetScorer
+    from .hub import default_context
+
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    was_training = model.training
+    try:
+        return UNetScorer(model, mode="quantile", max_len=context or default_context(model)).calibrate([data])
+    finally:
+        model.train(was_training)
 
 
 def _characters(data: bytes) -> list[tuple[int, int]]:

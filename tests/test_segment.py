@@ -79,17 +79,33 @@ def test_threshold_segment(model):
     assert 0 < seg.boundary_rate < 1
     sampled = segment(model, TEXT, seed=1)
     assert sampled.boundaries != [p > 0.5 for p in sampled.probs]  # sampling is not the threshold rule
-    with pytest.raises(ValueError, match="choose 'sampled' or 'threshold'"):
-        segment(model, TEXT, boundaries="quantile")
+    with pytest.raises(ValueError, match="unknown boundaries 'median'"):
+        segment(model, TEXT, boundaries="median")
+
+
+def test_quantile_segment(model):
+    target = model.boundaries.cfg.target_rate
+    seg = segment(model, TEXT, boundaries="quantile")
+    # one threshold, chosen so that this text gets boundaries at the target rate (to within a decision or two)
+    assert abs(seg.boundary_rate - target) <= 2 / len(seg.data)
+    tau = display.quantile_threshold(model, TEXT)
+    assert segment(model, TEXT, boundaries="quantile", tau=tau) == seg
+    # each decision is logit > tau, its probability computed after the earlier decisions (lags = 1)
+    u = torch.sigmoid(torch.tensor(tau)).item()
+    assert seg.boundaries == [p > u for p in seg.probs]
+    assert seg != segment(model, TEXT, boundaries="threshold")  # not p > 0.5: the rate decides
+    assert not any(segment(model, TEXT, boundaries="quantile", tau=30.0).boundaries)
+    assert all(segment(model, TEXT, boundaries="quantile", tau=-30.0).boundaries)
 
 
 def test_threshold_segment_other_strategies():
     cfg = tiny_config(name="random")
     with pytest.raises(ValueError, match="no per-byte boundary probability"):
         segment(ByteUNet(cfg.model, cfg.boundaries).eval(), TEXT, boundaries="threshold")
-    cfg = tiny_config(name="uniform")  # deterministic: the threshold rule changes nothing
+    cfg = tiny_config(name="uniform")  # deterministic: the threshold rules change nothing
     fixed = ByteUNet(cfg.model, cfg.boundaries).eval()
     assert segment(fixed, TEXT, boundaries="threshold") == segment(fixed, TEXT, seed=3)
+    assert segment(fixed, TEXT, boundaries="quantile") == segment(fixed, TEXT, seed=3)
 
 
 def test_terminal_rendering():
@@ -190,6 +206,13 @@ def test_segment_command(model_dir, tmp_path, capsys):
     assert main(["segment", str(model_dir), TEXT, "--json", "--seed", "3"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["text"] == TEXT
+    assert main(["segment", str(model_dir), TEXT, "--boundaries", "quantile"]) == 0
+    assert "threshold tau = " in capsys.readouterr().out
+    assert main(["segment", str(model_dir), TEXT, "--boundaries", "quantile", "--tau", "30", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["n_tokens"] == 1 and data["tau"] == 30.0  # no boundary above that threshold
+    with pytest.raises(SystemExit, match="--tau is the threshold of --boundaries quantile"):
+        main(["segment", str(model_dir), TEXT, "--tau", "0"])
     src = tmp_path / "in.txt"
     src.write_text(TEXT, encoding="utf-8")
     args = ["segment", str(model_dir), "--file", str(src), "--html", str(tmp_path / "o.html")]

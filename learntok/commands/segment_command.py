@@ -19,9 +19,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("text", nargs="?", help="the text (default: --file, else standard input)")
     p.add_argument("--file", "-f", metavar="F", help="read the text from this file (UTF-8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled boundaries (default 0)")
-    p.add_argument("--boundaries", choices=("sampled", "threshold"), default="sampled",
-                   help="sampled (default: drawn from the policy with --seed) or threshold (the policy's most "
-                        "likely boundaries, p > 0.5: the segmentation a committed policy has settled on)")
+    p.add_argument("--boundaries", choices=("sampled", "threshold", "quantile"), default="sampled",
+                   help="sampled (default: drawn from the policy with --seed); threshold (the policy's most "
+                        "likely boundaries, p > 0.5: the segmentation a committed policy has settled on); or "
+                        "quantile (logit > tau, one threshold that gives the text the policy's target rate)")
+    p.add_argument("--tau", type=float, metavar="TAU",
+                   help="quantile mode: this logit threshold instead (e.g. the one `learntok eval --boundaries "
+                        "quantile` calibrated on held-out text)")
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="bytes per forward pass for long texts (default: the training sequence length)")
     p.add_argument("--html", metavar="OUT.html", help="also write a standalone HTML page")
@@ -65,9 +69,14 @@ def run(args: argparse.Namespace) -> int:
     from .. import display
 
     data = read_text(args.text, args.file)
+    if args.tau is not None and args.boundaries != "quantile":
+        raise SystemExit("error: --tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)
+    tau = args.tau if model.boundaries.stochastic else None  # a fixed rule has no threshold
     try:
-        seg = display.segment(model, data, seed=args.seed, context=args.context, boundaries=args.boundaries)
+        if args.boundaries == "quantile" and tau is None and model.boundaries.stochastic:
+            tau = display.quantile_threshold(model, data, args.context)
+        seg = display.segment(model, data, seed=args.seed, context=args.context, boundaries=args.boundaries, tau=tau)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     title = args.title or (f"{Path(args.file).name}: learned tokens" if args.file else "learned tokens")
@@ -79,14 +88,18 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as e:
             raise SystemExit(f"error: {e}") from None
     if args.json:
-        json.dump(display.to_json(seg), sys.stdout, ensure_ascii=False)
+        out = display.to_json(seg)
+        if tau is not None:
+            out["tau"] = tau
+        json.dump(out, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
         colour = args.colour == "always" or (args.colour == "auto" and display.use_colour())
         n_tok = len(seg.tokens())
         print(display.render(seg, colour))
+        threshold = f"threshold tau = {tau:.4f}; " if tau is not None else ""
         print(f"\n{len(seg.data):,} bytes, {n_tok:,} tokens ({len(seg.data) / max(n_tok, 1):.2f} bytes per token); "
-              f"{display.legend(colour)}")
+              f"{threshold}{display.legend(colour)}")
     for path in (args.html, args.png):
         if path:
             print(f"wrote {path}", file=sys.stderr)
