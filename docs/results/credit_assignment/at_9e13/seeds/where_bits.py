@@ -9,7 +9,7 @@ the run's last boundary (0: a token has just closed there, so the prediction get
 cell is bits saved per byte of the whole text, so a row adds up to the run's difference in bpb; its
 standard error is over the documents. Writes every number to OUT.json and prints the tables (Markdown).
 
-    python where_bits.py OUT.json DATA --uniform RUN [RUN ...] --learned RUN [RUN ...] > where_bits.md
+    python where_bits.py OUT.json DATA --uniform RUN [RUN ...] --runs RUN [RUN ...] > where_bits.md
 """
 import argparse
 import json
@@ -45,8 +45,8 @@ def byte_classes(data: bytes) -> list[int]:
 @torch.no_grad()
 def per_byte(run: str, windows: list[bytes]) -> dict:
     """Bits of every byte, how far its predicting position lies after the last boundary (capped at 4),
-    and whether a token ends on the byte."""
-    model, _ = load_model(next(Path(run, "runs").iterdir()))
+    and whether a token ends on the byte; the run's strategy."""
+    model, cfg = load_model(next(Path(run, "runs").iterdir()))
     gen = torch.Generator().manual_seed(0)
     bits, since, ends = [], [], []
     for w in windows:
@@ -58,7 +58,8 @@ def per_byte(run: str, windows: list[bytes]) -> dict:
         last = np.maximum.accumulate(np.where(a[:len(w)], np.arange(len(w)), 0))  # byte w[t] is predicted at t
         since.append(np.minimum(np.arange(len(w)) - last, 4))
         ends.append(a[1:])  # position t + 1 holds byte w[t]
-    return {"bits": np.concatenate(bits), "since": np.concatenate(since), "ends": np.concatenate(ends)}
+    return {"bits": np.concatenate(bits), "since": np.concatenate(since), "ends": np.concatenate(ends),
+            "strategy": cfg.boundaries.name}
 
 
 def split(saved: np.ndarray, keys: np.ndarray, n_keys: int, doc: np.ndarray, n_docs: int, total: int) -> list:
@@ -76,7 +77,7 @@ def main():
     p.add_argument("out")
     p.add_argument("data")
     p.add_argument("--uniform", nargs="+", required=True)
-    p.add_argument("--learned", nargs="+", required=True)
+    p.add_argument("--runs", nargs="+", required=True)
     args = p.parse_args()
     docs, _ = read_heldout(args.data)
     windows, doc = [], []
@@ -90,7 +91,7 @@ def main():
     vowel = np.isin(text, np.frombuffer(b"aeiouAEIOU", dtype=np.uint8))
     consonant = np.isin(text, np.frombuffer(bytes(range(65, 91)) + bytes(range(97, 123)), dtype=np.uint8)) & ~vowel
     total = len(classes)
-    runs = {r: per_byte(r, windows) for r in args.uniform + args.learned}
+    runs = {r: per_byte(r, windows) for r in args.uniform + args.runs}
     uniform_bits = np.stack([runs[r]["bits"] for r in args.uniform])
     result = {"bytes": total, "documents": len(docs), "windows": len(windows), "classes": CLASSES, "since": SINCE,
               "byte_share": [float((classes == k).mean()) for k in range(len(CLASSES))],
@@ -104,7 +105,7 @@ def main():
         saved = reference - run["bits"]
         ends = run["ends"].astype(bool)
         result["runs"][r] = {
-            "strategy": "uniform" if r in args.uniform else "learned",
+            "strategy": run["strategy"],
             "bpb": float(run["bits"].sum() / total),
             "saved": split(saved, np.zeros_like(classes), 1, doc, len(docs), total)[0],
             "saved_by_byte": split(saved, classes, len(CLASSES), doc, len(docs), total),
