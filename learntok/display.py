@@ -104,7 +104,7 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     `quantile_threshold`, the one that gives this text boundaries at the policy's target rate). A text
     longer than `context` bytes (default: the training sequence length when known, else 4096) is cut
     into pieces, each read after its own BOS."""
-    from .eval.scorer import BOUNDARY_MODES
+    from .eval.scorer import BOUNDARY_MODES, threshold_uniform
     from .hub import default_context
 
     if boundaries not in BOUNDARY_MODES:
@@ -119,7 +119,7 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     if constant and boundaries == "quantile" and tau is None:
         tau = quantile_threshold(model, data, context)
     # a constant uniform u turns each sampled decision into p > u: u = 0.5 thresholds, sigmoid(tau) is logit > tau
-    u = (0.5 if boundaries == "threshold" else torch.sigmoid(torch.tensor(float(tau))).item()) if constant else None
+    u = (0.5 if boundaries == "threshold" else threshold_uniform(tau)) if constant else None
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -72,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tau is not None and args.boundaries != "quantile":
         raise SystemExit("error: --tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)
-    tau = args.tau if model.boundaries.stochastic else None  # a fixed rule has no threshold
+    tau = None  # a fixed rule has no threshold
     try:
-        if args.boundaries == "quantile" and tau is None and model.boundaries.stochastic:
-            tau = display.quantile_threshold(model, data, args.context)
+        if args.boundaries == "quantile" and model.boundaries.stochastic:
+            tau = args.tau if args.tau is not None else display.quantile_threshold(model, data, args.context)
         seg = display.segment(model, data, seed=args.seed, context=args.context, boundaries=args.boundaries, tau=tau)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None

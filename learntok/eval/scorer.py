@@ -74,9 +74,16 @@ __all__ = [
     "boundary_uniforms",
     "draw_seed",
     "split_windows",
+    "threshold_uniform",
 ]
 
 BOUNDARY_MODES = ("sampled", "threshold", "quantile")
+
+
+def threshold_uniform(tau: float) -> float:
+    """The constant uniform u = sigmoid(tau), in fp32, given to every decision of quantile mode: the learned
+    policy's draw [logit > logit(u)] becomes [logit > tau]."""
+    return float(torch.sigmoid(torch.tensor(tau, dtype=torch.float32)))
 
 
 @dataclass(frozen=True)
@@ -256,7 +263,7 @@ class UNetScorer:
         if self.mode == "quantile":
             if self.tau is None:
                 raise RuntimeError("quantile mode needs a threshold: call calibrate() first or pass tau=")
-            return float(torch.sigmoid(torch.tensor(self.tau, dtype=torch.float32)))
+            return threshold_uniform(self.tau)
         return None
 
     def _uniforms(self, rows: list[_Row], T: int) -> torch.Tensor | None:
@@ -410,7 +417,7 @@ class UNetScorer:
             self.mode, self.tau, self._boundaries, self._decisions = saved
 
         def rate(tau: float) -> float:
-            u = float(torch.sigmoid(torch.tensor(tau, dtype=torch.float32)))
+            u = threshold_uniform(tau)
             hits = total = 0
             for inp in captured:
                 bnd = self.model.boundaries(dataclasses.replace(inp, uniforms=torch.full_like(inp.uniforms, u)))
