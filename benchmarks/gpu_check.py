@@ -77,7 +77,6 @@ class Sizes:
     bf16: bool = True
     attention: str = "flex"  # the byte level's kernel in the compiled rows (FlexAttention has no backward on a CPU)
     big_micro_batch: int = 32  # rows of the larger micro-batch row (37.8 GiB in bf16 on an H200)
-    small_flex_block: int = 64  # FlexAttention block size of the row measured against the default 128
     compile_backend: str = "inductor"
     steps: int = 10
     warmup: int = 5
@@ -300,7 +299,6 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
     import throughput as tp  # benchmarks/throughput.py
 
     from learntok.config import load_config
-    from learntok.model.layers import Attention
 
     def run(strategy: str, attention: str, extra: tuple):
         cfg = load_config(sizes.model_config, [*sizes.model_overrides, f"boundaries.name={strategy}",
@@ -345,23 +343,6 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         say(result["profile"])
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
     errors = []
-    # the byte level's window in FlexAttention blocks of 64 positions, not 128: half the keys computed per
-    # query. Measured beside the learned row again (interleaved), after the others, so that a kernel the
-    # compiler rejects fails only these rows
-    small = sizes.small_flex_block
-    try:
-        small_run = run("learned", fast, ())
-        for module in small_run.model.modules():
-            if isinstance(module, Attention) and module.window is not None:
-                module.flex_block = small
-        measure([(f"learned, {fast}, {small}-position blocks",), (f"learned, {fast}, again beside it",)],
-                [small_run, runs[0]])
-        result["small_flex_block"] = small
-        result["small_block_over_default"] = rows[-2]["step_s"] / rows[-1]["step_s"]
-        say(f"{small}-position / 128-position blocks, step time: {result['small_block_over_default']:.3f}")
-        del small_run
-    except Exception:  # noqa: BLE001 - recorded in the report
-        errors.append(f"learned, {fast}, {small}-position blocks:\n{traceback.format_exc()}")
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
     del runs
     if device.type == "cuda":
@@ -725,9 +706,7 @@ def render_figures(fig: dict) -> list[str]:
         out += ["", f"learned / uniform step time: {tp['learned_over_uniform']:.3f} (target <= "
                 f"{TARGETS['learned_over_uniform']}: {verdict(tp['learned_over_uniform'], TARGETS['learned_over_uniform'])}); "
                 f"MFU {fmt(mfu, '.1%')} (target >= {TARGETS['mfu']:.0%}: {verdict(mfu, TARGETS['mfu'], True)}); "
-                f"FlexAttention / blocked SDPA bytes/s: {tp['flex_over_sdpa_bytes_s']:.2f}x"
-                + (f"; byte-level FlexAttention in {tp.get('small_flex_block')}-position blocks / 128-position "
-                   f"blocks, step time: {tp['small_block_over_default']:.3f}" if "small_block_over_default" in tp else ""),
+                f"FlexAttention / blocked SDPA bytes/s: {tp['flex_over_sdpa_bytes_s']:.2f}x",
                 ""]
         busy, syncs = tp.get("device_busy") or {}, tp.get("host_syncs") or {}
         if any(v is not None for v in busy.values()):

@@ -123,15 +123,17 @@ def sliding_window_attention(q, k, v, window: int, cap: float | None, query_bloc
     return out.reshape(B, H, n_blocks * Q, hd)[:, :, :T]
 
 
+# Inductor's backward on Hopper tiles 64 x 128 for head dims 64-128 and keeps only tiles that divide the
+# mask's blocks, so smaller blocks leave it no kernel to choose (NoValidChoicesError on an H200, torch 2.11)
+FLEX_BLOCK = 128
 _FLEX_BLOCK_MASKS: dict[tuple, object] = {}
 _compiled_flex = None
 
 
-def flex_attention(q, k, v, window: int | None, cap: float | None, block: int = 128) -> torch.Tensor:
+def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tensor:
     """Sliding-window (`window` keys) or full (`window` None) causal attention over (B, H, T, hd) through
-    FlexAttention. Key blocks (`block` x `block` positions) that are wholly masked are skipped, so the
-    window costs O(T * (W + block)): a 64-byte window in 128-position blocks computes 256 keys per query,
-    in 64-position blocks 128 (which is faster on a GPU is measured by benchmarks/gpu_check.py). Compiled
+    FlexAttention. Key blocks (`FLEX_BLOCK` x `FLEX_BLOCK` positions) that are wholly masked are skipped,
+    so the window costs O(T * (W + FLEX_BLOCK)): a 64-byte window computes 256 keys per query. Compiled
     on CUDA (the block masks are cached per length; the token level sees few lengths, multiples of
     `model.token_multiple`); on a CPU it runs FlexAttention's unfused reference, for tests."""
     global _compiled_flex
@@ -139,7 +141,7 @@ def flex_attention(q, k, v, window: int | None, cap: float | None, block: int = 
     from torch.nn.attention.flex_attention import flex_attention as flex
 
     T = q.shape[2]
-    key = (window, T, block, str(q.device))
+    key = (window, T, str(q.device))
     if key not in _FLEX_BLOCK_MASKS:
         if window is None:
             def mask_mod(b, h, q_idx, kv_idx):
@@ -147,27 +149,22 @@ def flex_attention(q, k, v, window: int | None, cap: float | None, block: int = 
         else:
             def mask_mod(b, h, q_idx, kv_idx):
                 return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
-        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=block)
+        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score if cap is None else cap * torch.tanh(score / cap)
 
-    options = None
     if q.is_cuda:
         if _compiled_flex is None:
             # automatic dynamic shapes: the token level's length changes from batch to batch, and one
             # static compilation per length would soon hit dynamo's recompile limit (then run unfused)
             _compiled_flex = torch.compile(flex)
         run = _compiled_flex
-        if block < 128:
-            # Inductor's tiles on Hopper are up to 128 x 128 and must divide the mask's blocks, so smaller
-            # blocks fail to compile unless the forward (M, N) and backward (M1, N1, M2, N2) tiles fit them
-            options = {tile: block for tile in ("BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2")}
     else:
         run = flex
     with warnings.catch_warnings():  # "called without torch.compile": intended on a CPU
         warnings.simplefilter("ignore", UserWarning)
-        return run(q, k, v, score_mod=score_mod, block_mask=_FLEX_BLOCK_MASKS[key], kernel_options=options)
+        return run(q, k, v, score_mod=score_mod, block_mask=_FLEX_BLOCK_MASKS[key])
 
 
 def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
@@ -232,7 +229,6 @@ class Attention(nn.Module):
         self.window = window  # None: full causal attention
         self.cap = cap
         self.kernel = kernel  # blocked | flex (see the module docstring)
-        self.flex_block = 128  # FlexAttention's block size (see flex_attention)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
 
@@ -256,7 +252,7 @@ class Attention(nn.Module):
         """This layer's attention pattern over (B, H, T, hd) -> (B, T, H * hd), before the output projection."""
         B, H, T, hd = q.shape
         if self.kernel == "flex":
-            y = flex_attention(q, k, v, self.window, self.cap, self.flex_block)
+            y = flex_attention(q, k, v, self.window, self.cap)
         elif self.window is None:
             y = causal_attention(q, k, v, self.cap)
         else:
