@@ -124,7 +124,7 @@ def sliding_window_attention(q, k, v, window: int, cap: float | None, query_bloc
 
 
 # Inductor's backward on Hopper tiles 64 x 128 for head dims 64-128 and keeps only tiles that divide the
-# mask's blocks, so smaller blocks leave it no kernel to choose (NoValidChoicesError on an H200, torch 2.11)
+# mask's blocks, so smaller blocks leave it no kernel (NoValidChoicesError on an H200; torch 2.11 to 2.13)
 FLEX_BLOCK = 128
 _FLEX_BLOCK_MASKS: dict[tuple, object] = {}
 _compiled_flex = None
