@@ -131,13 +131,14 @@ def say(*args) -> None:
 
 
 def guarded(fn, *args, **kwargs) -> dict:
-    """Run one figure; a failure becomes {"error": traceback} so that the other figures still run."""
+    """Run one figure; a failure becomes {"error": the exception's line, then the traceback} so that the other
+    figures still run."""
     try:
         return fn(*args, **kwargs)
     except Exception:  # noqa: BLE001 - reported, not hidden: the report shows it and the exit status is 1
         text = traceback.format_exc()
         say(text)
-        return {"error": text[-4000:]}
+        return {"error": f"{text.strip().splitlines()[-1]}\n{text[-4000:]}"}
 
 
 def sync(device: torch.device) -> None:
@@ -342,7 +343,6 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
         say(result["profile"])
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
-    errors = []
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
     del runs
     if device.type == "cuda":
@@ -351,9 +351,7 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
     try:
         measure([big_spec], [run(*big_spec[1:])])
     except Exception:  # noqa: BLE001 - recorded in the report
-        errors.append(f"{big_spec[0]}:\n{traceback.format_exc()}")
-    if errors:
-        result["error"] = "\n\n".join(errors)
+        result["error"] = f"the row {big_spec[0]!r}:\n{traceback.format_exc()}"
     return result
 
 
@@ -745,8 +743,9 @@ def render_figures(fig: dict) -> list[str]:
     for name, item in fig.items():
         if "skipped" in item:
             out += [f"**{name}**: {item['skipped']}", ""]
-        if "error" in item:
-            out += [f"**{name} failed:**", "", "```", item["error"][-1500:], "```", ""]
+        if "error" in item:  # its first line says what failed (a traceback's end would cut it off)
+            what, _, details = item["error"].partition("\n")
+            out += [f"**{name} failed:** {what}", ""] + (["```", details[-1500:], "```", ""] if details else [])
     return out
 
 

@@ -109,6 +109,23 @@ def test_figures_past_the_stage_time_are_skipped_and_said_so(tmp_path):
     assert "**fsdp**: not started" in (tmp_path / "report.md").read_text()
 
 
+def test_a_failed_figure_says_what_failed_before_its_traceback():
+    """The report keeps a traceback's end, which would cut off its first line: the row or the exception
+    that failed goes in the heading."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import guarded, render_figures
+
+    def fails():
+        raise RuntimeError("no kernel for this tile")
+
+    row = "the row 'learned, flex, 32 rows':\nTraceback (most recent call last):\n" + "  frame\n" * 400 + "OutOfMemoryError"
+    text = "\n".join(render_figures({"throughput": {"error": row}, "generation": guarded(fails),
+                                     "fsdp_like": {"error": "one line"}}))
+    assert "**throughput failed:** the row 'learned, flex, 32 rows':" in text
+    assert "**generation failed:** RuntimeError: no kernel for this tile" in text
+    assert "**fsdp_like failed:** one line\n" in text and text.count("```") == 4  # one line: no block
+
+
 def test_kernels_are_summed_by_kind():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check import kernels_by_kind
