@@ -31,6 +31,7 @@ start of a held-out sequence cut at them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gzip
@@ -397,22 +398,43 @@ def kernels_by_kind(kernel_ms: dict) -> dict:
 
 def host_syncs(run, device: torch.device) -> dict | None:
     """The host-device synchronisations in one training step (each stalls the host until the GPU catches
-    up), counted with CUDA's sync debug mode, and the Python lines that cause the most."""
+    up), counted with CUDA's sync debug mode, and the lines of learntok that cause the most."""
     if device.type != "cuda":
         return None
     import collections
-    import warnings
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warning_stacks("synchroniz") as stacks:
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run.work()  # not run.step: its own synchronize calls are the timer's
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
-    return {"count": len(syncs), "where": where.most_common(5)}
+    where = collections.Counter(calling_line(stack) for stack in stacks)
+    return {"count": len(stacks), "where": where.most_common(5)}
+
+
+@contextlib.contextmanager
+def warning_stacks(text: str):
+    """Yields a list that collects the Python stack of every warning whose message contains `text` (a
+    warning's own file and line may be inside PyTorch, the stack also holds the caller's)."""
+    import warnings
+    stacks = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if text in str(message):  # the stack without this function and the warnings module's frames
+            stacks.append([f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")])
+
+    with warnings.catch_warnings():  # restores the filters and showwarning on leaving
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        yield stacks
+
+
+def calling_line(stack: list[traceback.FrameSummary]) -> str:
+    """file:line of the innermost learntok frame of a stack (where our code asked for what happened), else of
+    the innermost frame."""
+    ours = [f for f in stack if f"{os.sep}learntok{os.sep}" in f.filename] or stack
+    return f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
 
 
 def generation_model(sizes: Sizes, device: torch.device):

@@ -126,6 +126,28 @@ def test_a_failed_figure_says_what_failed_before_its_traceback():
     assert "**fsdp_like failed:** one line\n" in text and text.count("```") == 4  # one line: no block
 
 
+def test_a_host_sync_is_placed_at_the_innermost_line_of_learntok():
+    import traceback
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import calling_line
+    frame = traceback.FrameSummary
+    stack = [frame("/x/benchmarks/throughput.py", 90, "work"), frame("/x/learntok/unet.py", 200, "forward"),
+             frame("/x/learntok/boundaries/learned.py", 180, "sample"), frame("/y/torch/cuda/__init__.py", 1270, "f")]
+    assert calling_line(stack) == "learned.py:180"
+    assert calling_line(stack[:1] + stack[3:]) == "__init__.py:1270"  # no frame of ours: the innermost
+
+
+def test_warning_stacks_keep_the_caller_of_a_matching_warning():
+    import warnings
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import calling_line, warning_stacks
+    with warning_stacks("synchroniz") as stacks:
+        warnings.warn("called a synchronizing CUDA operation")
+        line = sys._getframe().f_lineno - 1
+        warnings.warn("something else")
+    assert len(stacks) == 1 and calling_line(stacks[0]) == f"test_gpu_check.py:{line}"
+
+
 def test_kernels_are_summed_by_kind():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check import kernels_by_kind
