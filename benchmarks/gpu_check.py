@@ -433,7 +433,9 @@ def warning_stacks(text: str):
 def calling_line(stack: list[traceback.FrameSummary]) -> str:
     """file:line of the innermost learntok frame of a stack (where our code asked for what happened), else of
     the innermost frame."""
-    ours = [f for f in stack if f"{os.sep}learntok{os.sep}" in f.filename] or stack
+    import learntok
+    package = f"{Path(learntok.__file__).parent}{os.sep}"
+    ours = [f for f in stack if f.filename.startswith(package)] or stack
     return f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
 
 

@@ -130,9 +130,10 @@ def test_a_host_sync_is_placed_at_the_innermost_line_of_learntok():
     import traceback
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check import calling_line
-    frame = traceback.FrameSummary
-    stack = [frame("/x/benchmarks/throughput.py", 90, "work"), frame("/x/learntok/unet.py", 200, "forward"),
-             frame("/x/learntok/boundaries/learned.py", 180, "sample"), frame("/y/torch/cuda/__init__.py", 1270, "f")]
+    import learntok
+    package, frame = Path(learntok.__file__).parent, traceback.FrameSummary
+    stack = [frame(str(ROOT / "benchmarks" / "throughput.py"), 90, "work"), frame(str(package / "unet.py"), 200, "f"),
+             frame(str(package / "boundaries" / "learned.py"), 180, "sample"), frame("/y/torch/cuda/__init__.py", 1270, "f")]
     assert calling_line(stack) == "learned.py:180"
     assert calling_line(stack[:1] + stack[3:]) == "__init__.py:1270"  # no frame of ours: the innermost
 
