@@ -3,8 +3,9 @@
     python table.py RUNS_DIR [PREFIX_A PREFIX_B] > table.md   (writes table.json beside it)
 
 Reads RUNS_DIR/{PREFIX}_s{seed}/results.json of `learntok compare` runs: held-out bpb per seed on the same
-64 held-out sequences, the paired difference per seed with its standard error over those sequences, and
-the mean difference with its standard error over seeds."""
+64 held-out sequences, the difference per seed with its standard error over those sequences (compare's
+`bpb_difference`), and the mean difference with its standard error over the seeds' differences (the two
+rules share each seed's initialisation and data order)."""
 
 import json
 import math
@@ -12,17 +13,16 @@ import statistics
 import sys
 from pathlib import Path
 
+from learntok.compare.report import bpb_difference
+from learntok.compare.run import RunResult
+
 runs_dir = Path(sys.argv[1])
 a_prefix, b_prefix = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("pq_ws", "pq_wsp")
 
 
-def load(prefix: str, seed: int) -> dict | None:
+def load(prefix: str, seed: int) -> RunResult | None:
     path = runs_dir / f"{prefix}_s{seed}" / "results.json"
-    return json.loads(path.read_text())["runs"][0] if path.exists() else None
-
-
-def bpb_per_sequence(run: dict) -> list[float]:
-    return [b / n for b, n in zip(run["sequence_bits"], run["sequence_bytes"], strict=True)]
+    return RunResult(**json.loads(path.read_text())["runs"][0]) if path.exists() else None
 
 
 rows, diffs = [], []
@@ -30,15 +30,13 @@ for seed in range(8):
     a, b = load(a_prefix, seed), load(b_prefix, seed)
     if a is None or b is None:
         continue
-    assert a["sequence_bytes"] == b["sequence_bytes"], "not the same held-out sequences"
-    d = [y - x for x, y in zip(bpb_per_sequence(a), bpb_per_sequence(b))]
-    se = statistics.stdev(d) / math.sqrt(len(d))
-    diff = b["bpb"] - a["bpb"]
-    diffs.append(diff)
-    rows.append({"seed": seed, "word_starts": a["bpb"], "with_punctuation": b["bpb"], "difference": diff,
-                 "difference_se_over_sequences": se, "rates": [a["analysis"]["summary"]["rate"],
-                                                              b["analysis"]["summary"]["rate"]],
-                 "training_bytes": [a["bytes"], b["bytes"]]})
+    paired = bpb_difference([b], [a])  # se_text: over the held-out sequences both scored (None if not the same)
+    assert paired["se_text"] is not None, "not the same held-out sequences"
+    diffs.append(paired["difference"])
+    rows.append({"seed": seed, "word_starts": a.bpb, "with_punctuation": b.bpb, "difference": paired["difference"],
+                 "difference_se_over_sequences": paired["se_text"],
+                 "rates": [a.analysis["summary"]["rate"], b.analysis["summary"]["rate"]],
+                 "training_bytes": [a.bytes, b.bytes]})
 
 print("| seed | word starts | word starts + punctuation | difference (± SE over 64 sequences) | rates | training bytes |")
 print("|---|---:|---:|---:|---:|---:|")
