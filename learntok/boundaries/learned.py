@@ -127,7 +127,9 @@ class LearnedPolicy(BoundaryStrategy):
         self.proj = nn.Linear(d_model, 1 + self.lags, bias=False)  # rows: W_0, W_1 .. W_w
         self.imitating = False  # training executes the rule `imitate` and the policy copies it (`set_progress`)
 
-    compiled = (*BoundaryStrategy.compiled, "scaled_logit_terms", "executed_log_probs")
+    # the policy's whole forward but the uniforms' draw is one region: on a GPU, one host call in place of two
+    # regions and a dozen eager threshold ops (the scan is a custom op, so it compiles inside the region)
+    compiled = (*BoundaryStrategy.compiled, "decide")
 
     def set_progress(self, share: float) -> None:
         self.imitating = bool(self.options.imitate) and share < self.options.imitate_until
@@ -147,12 +149,20 @@ class LearnedPolicy(BoundaryStrategy):
     def _policy(self, inp: BoundaryInput, past: torch.Tensor | None = None) -> PolicyBoundaries:
         """Sample the decisions at the positions of `inp` (after the decisions `past` (B, w), oldest first,
         where given), then recompute the logits of the executed history, with gradient."""
-        base, lag = self.scaled_logit_terms(inp.hidden)  # (B, n), (B, n, w)
+        u = inp.uniforms
+        if u is None:
+            u = torch.rand(inp.hidden.shape[:2], generator=inp.generator, device=inp.hidden.device)
         cap = self.options.softcap if self.training else None
-        a = self.sample(base, lag, inp, cap, past)
-        executed = a if past is None else torch.cat([past, a], dim=1)
-        logits, log_prob, probs = self.executed_log_probs(base, lag, executed, cap)
+        a, logits, log_prob, probs = self.decide(inp.hidden, u, inp.forced, inp.valid, cap, past)
         return PolicyBoundaries(a=a, probs=probs, logits=logits, log_prob=log_prob)
+
+    def decide(self, hidden: torch.Tensor, u: torch.Tensor, forced: torch.Tensor, valid: torch.Tensor,
+               cap: float | None, past: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """a = [l > t(u)] by the scan, then the logits, log pi(a) and probabilities of the executed history."""
+        base, lag = self.scaled_logit_terms(hidden)  # (B, n), (B, n, w)
+        a = self.sample(base, lag, u, forced, valid, cap, past)
+        executed = a if past is None else torch.cat([past, a], dim=1)
+        return (a, *self.executed_log_probs(base, lag, executed, cap))
 
     def executed_log_probs(self, base: torch.Tensor, lag: torch.Tensor, executed: torch.Tensor, cap: float | None
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -169,11 +179,10 @@ class LearnedPolicy(BoundaryStrategy):
         return logits, log_prob, torch.sigmoid(logits)
 
     @torch.no_grad()
-    def sample(self, base: torch.Tensor, lag: torch.Tensor, inp: BoundaryInput, cap: float | None,
-               past: torch.Tensor | None = None) -> torch.Tensor:
-        u = inp.uniforms if inp.uniforms is not None else torch.rand(base.shape, generator=inp.generator, device=base.device)
+    def sample(self, base: torch.Tensor, lag: torch.Tensor, u: torch.Tensor, forced: torch.Tensor,
+               valid: torch.Tensor, cap: float | None, past: torch.Tensor | None = None) -> torch.Tensor:
         threshold = thresholds_from_uniforms(u, cap)
-        threshold = threshold.masked_fill(inp.forced, -math.inf).masked_fill(~inp.valid & ~inp.forced, math.inf)
+        threshold = threshold.masked_fill(forced, -math.inf).masked_fill(~valid & ~forced, math.inf)
         if past is None:
             return scan_boundaries(base.detach(), lag.detach(), threshold)
         # the past enters the scan as w positions forced to what they were: each decision sees its lags

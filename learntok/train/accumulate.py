@@ -191,6 +191,8 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
 def _strategy_metrics(strategy, kept: list[_Kept]) -> dict[str, torch.Tensor]:
     """The strategy's metrics over the whole batch: on the micro-batches' detached tensors concatenated
     along the rows when they all have one row per sequence, else the row-weighted mean of each's."""
+    if len(kept) == 1:  # nothing to join (phase 2 detached its decisions)
+        return strategy.metrics(kept[0].bnd, kept[0].loss_inputs)
     whole = _concat([k.bnd for k in kept], [k.loss_inputs for k in kept])
     if whole is not None:
         return strategy.metrics(*whole)
