@@ -222,7 +222,8 @@ class BoundaryStrategy(nn.Module):
         once per micro-batch, after its losses and before its metrics; never in evaluation. Default: none."""
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
-        """Extra per-step metrics (detached scalars); logged at log steps only."""
+        """Extra metrics of a training step (detached scalars), computed every step; a metrics.jsonl line holds
+        their mean over the steps since the line before."""
         return {}
 
     # the methods `compile_methods` compiles: tensor maths of dozens of small operations each, on a GPU one
