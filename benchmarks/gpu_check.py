@@ -39,6 +39,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -342,6 +343,7 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["kernel_ms_by_kind"] = {"learned": kernels_by_kind(learned["kernel_ms"]),
                                        "uniform": kernels_by_kind(uniform["kernel_ms"])}
         result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
+        result["sync_sources"] = {"learned": learned["sync_sources"], "uniform": uniform["sync_sources"]}
         say(result["profile"])
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
@@ -363,14 +365,44 @@ def profile_steps(run, step_s: float, device: torch.device, steps: int = 3) -> d
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, with_stack=True) as prof:  # the stack: for `sync_sources`
         for _ in range(steps):
             run.step(timed=False)
     averages = prof.key_averages()
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     kernel_ms = {e.key: e.self_device_time_total / 1e3 / steps for e in averages if e.device_type == DeviceType.CUDA}
     return {"table": averages.table(sort_by=key, row_limit=15, max_name_column_width=60), "kernel_ms": kernel_ms,
-            "device_busy": sum(kernel_ms.values()) / 1e3 / step_s if kernel_ms else None}
+            "device_busy": sum(kernel_ms.values()) / 1e3 / step_s if kernel_ms else None,
+            "sync_sources": sync_sources(prof.events(), steps)}
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\(\d+\): (?P<function>.+)$")  # a with_stack profile's Python events
+
+
+def sync_sources(events, steps: int) -> list:
+    """Where the CUDA runtime's synchronising calls in a profile of `steps` steps come from:
+    [[learntok function, PyTorch operation, calls per step], ...], most first. The function is the innermost
+    one of learntok around the call ("" where there is none, as in the autograd engine's threads), the
+    operation the outermost PyTorch operation inside it that made the call. Unlike CUDA's sync debug mode
+    (`host_syncs`), this names a sync that a backward or a compiled graph makes. The timer's own
+    torch.cuda.synchronize (no operation around it) is left out."""
+    import collections
+    counts = collections.Counter()
+    for event in events:
+        if event.name not in SYNC_CALLS:
+            continue
+        operation, function, parent = "", "", event.cpu_parent
+        while parent is not None and not function:
+            frame = PYTHON_FRAME.match(parent.name)
+            if frame is None and not parent.name.startswith("<built-in"):  # an operation
+                operation = parent.name
+            elif frame is not None and f"{os.sep}learntok{os.sep}" in f"{os.sep}{frame['file']}":
+                function = f"{Path(frame['file']).name} {frame['function']}"
+            parent = parent.cpu_parent
+        if operation or event.name != "cudaDeviceSynchronize":
+            counts[(function, operation or event.name)] += 1
+    return [[function, operation, n / steps] for (function, operation), n in counts.most_common()]
 
 
 def kernel_difference(learned: dict, uniform: dict, top: int = 10) -> list:
@@ -736,6 +768,11 @@ def render_figures(fig: dict) -> list[str]:
             out += [f"GPU busy (kernel time / step time): learned {fmt(busy['learned'], '.0%')}, uniform "
                     f"{fmt(busy['uniform'], '.0%')}. Host syncs per step: "
                     + "; ".join(f"{k} {v['count']} ({where[k] or 'none'})" for k, v in syncs.items() if v), ""]
+        sources = tp.get("sync_sources") or {}
+        if sources:
+            out += ["Synchronising CUDA calls per step in the profiled steps, by learntok function and operation: "
+                    + "; ".join(f"{k}: " + (", ".join(f"{fn or '(no learntok frame)'} {op} x{n:g}" for fn, op, n in v)
+                                           or "none") for k, v in sources.items()), ""]
         by_kind = tp.get("kernel_ms_by_kind") or {}
         if by_kind.get("learned"):
             out += ["Kernel time per step by kind (ms):", "", "| kind | learned | uniform |", "|---|---|---|"]

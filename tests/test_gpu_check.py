@@ -179,3 +179,29 @@ def test_every_learning_run_has_a_valid_config():
         assert cfg.boundaries.name == probed.split("_with")[0] and cfg.model.lambda_word_start == 1
     assert runs["learned_with_probe"].scale == 1  # the learned runs' D
     assert configs["learned_with_probe"].boundaries.target_rate == 0.169
+
+
+def test_a_sync_is_named_by_its_learntok_function_and_operation():
+    """`sync_sources` walks up a with_stack profile's event tree from each synchronising CUDA call."""
+    from types import SimpleNamespace
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import sync_sources
+    import learntok
+    package = Path(learntok.__file__).parent
+
+    def chain(*names):  # outermost first; returns the innermost event
+        parent = None
+        for name in names:
+            parent = SimpleNamespace(name=name, cpu_parent=parent)
+        return parent
+    step = "benchmarks/throughput.py(71): step"
+    tolist = chain(step, f"{package / 'model' / 'resample.py'}(31): _longest_and_total",
+                   "<built-in method tolist of Tensor object at 0x7f>", "aten::_local_scalar_dense",
+                   "cudaStreamSynchronize")
+    backward = chain("autograd::engine::evaluate_function: NonzeroBackward", "aten::nonzero", "cudaStreamSynchronize")
+    timer = chain(step, "torch/cuda/__init__.py(1080): synchronize", "<built-in function _cuda_synchronize>",
+                  "cudaDeviceSynchronize")
+    launch = chain(step, "aten::mm", "cudaLaunchKernel")
+    events = [tolist, tolist, backward, timer, launch]
+    assert sync_sources(events, steps=2) == [["resample.py _longest_and_total", "aten::_local_scalar_dense", 1.0],
+                                             ["", "autograd::engine::evaluate_function: NonzeroBackward", 0.5]]
