@@ -20,8 +20,9 @@ from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, Bo
 def uniform_boundaries(n: int, rate: float, device=None) -> torch.Tensor:
     """(n,) bool with exactly max(1, round(n * rate)) evenly spaced boundaries, the first at 0."""
     k = max(1, round(n * rate))
-    # index_fill_ takes the value as a scalar: `a[index] = True` would copy it from the host, a sync on a GPU
-    return torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, (torch.arange(k, device=device) * n) // k, True)
+    positions = (torch.arange(k, device=device) * n) // k
+    # index_fill_ takes the value as a scalar: `a[positions] = True` would copy it from the host, a sync on a GPU
+    return torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, positions, True)
 
 
 class Uniform(BoundaryStrategy):
