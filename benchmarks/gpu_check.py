@@ -397,7 +397,7 @@ def sync_sources(events, steps: int) -> list:
             frame = PYTHON_FRAME.match(parent.name)
             if frame is None and not parent.name.startswith("<built-in"):  # an operation
                 operation = parent.name
-            elif frame is not None and f"{os.sep}learntok{os.sep}" in f"{os.sep}{frame['file']}":
+            elif frame is not None and is_learntok_file(frame["file"]):
                 function = f"{Path(frame['file']).name} {frame['function']}"
             parent = parent.cpu_parent
         if operation or event.name != "cudaDeviceSynchronize":
@@ -465,10 +465,16 @@ def warning_stacks(text: str):
 def calling_line(stack: list[traceback.FrameSummary]) -> str:
     """file:line of the innermost learntok frame of a stack (where our code asked for what happened), else of
     the innermost frame."""
-    import learntok
-    package = f"{Path(learntok.__file__).parent}{os.sep}"
-    ours = [f for f in stack if f.filename.startswith(package)] or stack
+    ours = [f for f in stack if is_learntok_file(f.filename)] or stack
     return f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
+
+
+def is_learntok_file(filename: str) -> bool:
+    """The file lies in the imported learntok package (not merely in a folder named learntok). A relative name
+    (a with_stack profile names files under site-packages so) is taken from the package's parent folder."""
+    import learntok
+    package = Path(learntok.__file__).parent
+    return (package.parent / filename).is_relative_to(package)  # an absolute filename replaces the parent
 
 
 def generation_model(sizes: Sizes, device: torch.device):

@@ -202,6 +202,10 @@ def test_a_sync_is_named_by_its_learntok_function_and_operation():
     timer = chain(step, "torch/cuda/__init__.py(1080): synchronize", "<built-in function _cuda_synchronize>",
                   "cudaDeviceSynchronize")
     launch = chain(step, "aten::mm", "cudaLaunchKernel")
-    events = [tolist, tolist, backward, timer, launch]
+    # an installed learntok's frames are named relative to site-packages; a clone elsewhere named learntok is not ours
+    relative = chain(step, "learntok/unet.py(140): forward", "aten::nonzero", "cudaStreamSynchronize")
+    foreign = chain("/elsewhere/learntok/unet.py(140): forward", "aten::item", "cudaStreamSynchronize")
+    events = [tolist, tolist, backward, timer, launch, relative, foreign]
     assert sync_sources(events, steps=2) == [["resample.py _longest_and_total", "aten::_local_scalar_dense", 1.0],
-                                             ["", "autograd::engine::evaluate_function: NonzeroBackward", 0.5]]
+                                             ["", "autograd::engine::evaluate_function: NonzeroBackward", 0.5],
+                                             ["unet.py forward", "aten::nonzero", 0.5], ["", "aten::item", 0.5]]
