@@ -2,7 +2,7 @@
 each fit in one 10-minute command on one H100/H200, writing one Markdown report and its JSON.
 
     python benchmarks/gpu_check.py --stage tests                                   # environment + CUDA tests (~2 min)
-    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, generation, FSDP2 (~4 min)
+    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, attention, FSDP2, generation (~6 min)
     python benchmarks/gpu_check.py --stage learn --strategy uniform --data prose.jsonl.gz   # ~5 min
     python benchmarks/gpu_check.py --stage learn --strategy learned --data prose.jsonl.gz   # same FLOPs as uniform's
     python benchmarks/gpu_check.py --data prose.jsonl.gz                           # every stage in order (~25 min)
@@ -73,6 +73,7 @@ class Sizes:
 
     scan: tuple = (128, 4096, 8)  # batch, length, lags
     scan_repeats: int = 50
+    attention_repeats: int = 20
     model_config: str = "paper_147m_fineweb"
     # one micro-batch of the 147M config's 128 x 4096 step (16 micro-batches of 8): what a step's kernels see
     model_overrides: tuple = ("train.batch_size=8", "train.micro_batches=1")
@@ -117,7 +118,7 @@ class Sizes:
     def dry() -> "Sizes":
         tiny = ("model.d_model=32", "model.n_heads=2", "model.n_down_layers=1", "model.n_mid_layers=1",
                 "model.n_up_layers=1", "model.window=8", "train.seq_len=128", "train.device=cpu")
-        return Sizes(scan=(4, 256, 8), scan_repeats=2, model_config="cpu_default",
+        return Sizes(scan=(4, 256, 8), scan_repeats=2, attention_repeats=2, model_config="cpu_default",
                      model_overrides=tiny + ("train.batch_size=2", "train.micro_batches=1"), bf16=False, attention="blocked",
                      big_micro_batch=4,
                      compile_backend="aot_eager", steps=2, warmup=1, gen_bytes=12, gen_batch=4,
@@ -262,7 +263,8 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
     keeps what it measured); a figure that would start after `--stage-seconds` is skipped and says so."""
     out, start = {}, time.perf_counter()
     # compiled generation last: compiling its step took minutes on an H100's host
-    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("fsdp", figure_fsdp),
+    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("attention", figure_attention),
+                     ("fsdp", figure_fsdp),
                      ("generation", figure_generation), ("compiled_generation", figure_compiled_generation)):
         if time.perf_counter() - start > args.stage_seconds:
             out[name] = {"skipped": f"not started: the stage's {args.stage_seconds:.0f} s were spent"}
@@ -356,6 +358,64 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
     except Exception:  # noqa: BLE001 - recorded in the report
         result["error"] = f"the row {big_spec[0]!r}:\n{traceback.format_exc()}"
     return result
+
+
+def figure_attention(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+    """One attention layer of each level alone, at the throughput figure's shapes: forward and forward +
+    backward milliseconds of the training kernel with the model's softcap, of PyTorch SDPA's fused causal
+    kernel (no softcap, the whole length: on the byte level more work than the window needs) as the mark of a
+    fused kernel on this GPU, and of the training kernel without the softcap. It splits the profile's
+    attention time between the levels. TFLOP/s count the pairs the pattern attends (4 x head dim FLOPs per
+    pair forward, three times that forward + backward), not the masked ones a kernel may compute."""
+    import torch.nn.functional as F
+    from scan import timed  # benchmarks/scan.py
+
+    from learntok.config import load_config
+    from learntok.model.layers import attention_pattern
+
+    def attend(q, k, v, window, cap, kernel):
+        if kernel == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attention_pattern(q, k, v, window, cap, kernel)
+
+    cfg = load_config(sizes.model_config, list(sizes.model_overrides))
+    m = cfg.model
+    B, T, H, hd = cfg.train.batch_size // cfg.train.micro_batches, cfg.train.seq_len, m.n_heads, m.d_model // m.n_heads
+    M = -(-round(T * cfg.boundaries.target_rate) // m.token_multiple) * m.token_multiple  # tokens per row at the rate
+    dtype = torch.bfloat16 if sizes.bf16 else torch.float32
+    training = f"{sizes.attention}, softcap {m.attn_softcap}"
+    variants = ((training, m.attn_softcap, sizes.attention), ("SDPA causal, whole length, no softcap", None, "sdpa"),
+                (f"{sizes.attention}, no softcap", None, sizes.attention))
+    rows = []
+    for level, length, layer_window, layers in (("byte", T, m.window, m.n_down_layers + m.n_up_layers),
+                                                ("token", M, None, m.n_mid_layers)):
+        q, k, v = (torch.randn(B, H, length, hd, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn_like(q)
+        for name, cap, kernel in variants:
+            window = None if kernel == "sdpa" else layer_window
+
+            def forward_backward():
+                torch.autograd.grad(attend(q, k, v, window, cap, kernel), (q, k, v), grad)
+            # the forward with autograd recording, as in training: one compiled graph serves both timings
+            forward_ms = timed(lambda: attend(q, k, v, window, cap, kernel), sizes.attention_repeats, device)
+            both_ms = timed(forward_backward, sizes.attention_repeats, device)
+            flops = 4 * hd * attended_pairs(length, window) * B * H
+            rows.append({"level": level, "kernel": name, "length": length, "window": window, "layers": layers,
+                         "forward_ms": forward_ms, "forward_backward_ms": both_ms,
+                         "forward_backward_tflops": 3 * flops / both_ms / 1e9})
+            say(f"{level} level, {name}: forward {forward_ms:.3f} ms, forward + backward {both_ms:.3f} ms "
+                f"({rows[-1]['forward_backward_tflops']:.1f} TFLOP/s on the attended pairs)")
+    per_step = sum(r["layers"] * r["forward_backward_ms"] for r in rows if r["kernel"] == training)
+    return {"batch": B, "heads": H, "head_dim": hd, "precision": str(dtype).removeprefix("torch."),
+            "repeats": sizes.attention_repeats, "rows": rows, "training_kernel_per_step_ms": per_step}
+
+
+def attended_pairs(length: int, window: int | None) -> int:
+    """(query, key) pairs a causal pattern attends over `length` positions: key <= query, and with a window,
+    query - key < window."""
+    if window is None or window >= length:
+        return length * (length + 1) // 2
+    return window * (window + 1) // 2 + (length - window) * window
 
 
 def profile_steps(run, step_s: float, device: torch.device, steps: int = 3) -> dict:
@@ -790,6 +850,18 @@ def render_figures(fig: dict) -> list[str]:
         if tp.get("profile"):
             out += ["Where the time goes (learned; torch.profiler, 3 steps, top 15 by self time):", "",
                     "```", tp["profile"], "```", ""]
+    att = fig.get("attention", {})
+    if "rows" in att:
+        out += [f"**Attention alone**, one layer of each level at the training step's shapes ({att['batch']} rows, "
+                f"{att['heads']} heads of {att['head_dim']}, {att['precision']}; mean of {att['repeats']} calls after "
+                "one; TFLOP/s on the pairs the pattern attends, forward + backward as 3x forward):", "",
+                "| level | kernel | positions | window | layers | forward (ms) | forward + backward (ms) | TFLOP/s |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['level']} | {r['kernel']} | {r['length']} | {r['window'] or 'all'} | {r['layers']} | "
+                f"{r['forward_ms']:.3f} | {r['forward_backward_ms']:.3f} | {r['forward_backward_tflops']:.1f} |"
+                for r in att["rows"]]
+        out += ["", f"The training kernel over the step's layers (each level's layers x its forward + backward): "
+                f"{att['training_kernel_per_step_ms']:.2f} ms per step, beside the profile's attention kernels.", ""]
     gen = fig.get("generation", {})
     if "cached_bytes_s" in gen:
         out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "

@@ -45,6 +45,13 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert throughput["host_syncs"] == {"learned": None, "uniform": None}
     assert throughput["kernel_ms_by_kind"]["learned"].keys() == {"matrix products", "attention", "boundary scan",
                                                                  "optimizer", "other"}
+    attention = figures["attention"]  # each level's training kernel, SDPA's causal kernel, the kernel without softcap
+    assert [(r["level"], r["kernel"]) for r in attention["rows"]] == [
+        (level, kernel) for level in ("byte", "token") for kernel in
+        ("blocked, softcap 50.0", "SDPA causal, whole length, no softcap", "blocked, no softcap")]
+    assert all(r["forward_backward_ms"] > 0 for r in attention["rows"])
+    byte, token = attention["rows"][0], attention["rows"][3]
+    assert attention["training_kernel_per_step_ms"] == 2 * byte["forward_backward_ms"] + token["forward_backward_ms"]
     generation = figures["generation"]
     assert generation["same_bytes_and_boundaries"] is True and generation["batched_bytes_s"] > 0
     compiled = figures["compiled_generation"]
@@ -209,3 +216,14 @@ def test_a_sync_is_named_by_its_learntok_function_and_operation():
     assert sync_sources(events, steps=2) == [["resample.py _longest_and_total", "aten::_local_scalar_dense", 1.0],
                                              ["", "autograd::engine::evaluate_function: NonzeroBackward", 0.5],
                                              ["unet.py forward", "aten::nonzero", 0.5], ["", "aten::item", 0.5]]
+
+
+def test_attended_pairs_count_the_unmasked_entries_of_the_pattern():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import attended_pairs
+    import torch
+    assert attended_pairs(5, 2) == 1 + 2 + 2 + 2 + 2 and attended_pairs(5, None) == 15
+    for length, window in ((1, 4), (7, 3), (64, 8), (100, 100), (100, 200), (130, 64)):
+        query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
+        mask = (key <= query) & ((query - key < window) if window else True)
+        assert attended_pairs(length, window) == int(mask.sum()), (length, window)

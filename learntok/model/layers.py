@@ -175,6 +175,16 @@ def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
     return _attend(q, k, v, mask, cap)
 
 
+def attention_pattern(q, k, v, window: int | None, cap: float | None, kernel: str) -> torch.Tensor:
+    """Causal attention over (B, H, T, hd), in a sliding window of `window` keys or over all earlier positions
+    (`window` None), with the `kernel` a model's `attention` names (blocked | flex)."""
+    if kernel == "flex":
+        return flex_attention(q, k, v, window, cap)
+    if window is None:
+        return causal_attention(q, k, v, cap)
+    return sliding_window_attention(q, k, v, window, cap)
+
+
 class Packed:
     """The N real positions of a padded (B, M) layout, gathered into (N, ...): the token level runs its
     norms, projections and MLPs on real tokens only (rows end with different numbers of tokens), and
@@ -251,12 +261,7 @@ class Attention(nn.Module):
     def _pattern(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """This layer's attention pattern over (B, H, T, hd) -> (B, T, H * hd), before the output projection."""
         B, H, T, hd = q.shape
-        if self.kernel == "flex":
-            y = flex_attention(q, k, v, self.window, self.cap)
-        elif self.window is None:
-            y = causal_attention(q, k, v, self.cap)
-        else:
-            y = sliding_window_attention(q, k, v, self.window, self.cap)
+        y = attention_pattern(q, k, v, self.window, self.cap, self.kernel)
         return y.transpose(1, 2).reshape(B, T, H * hd)
 
     # --- incremental inference: `prefill` is `forward` that also fills the cache, `step` adds one position
