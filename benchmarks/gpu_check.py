@@ -344,6 +344,7 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["learned_extra_kernels"] = kernel_difference(learned["kernel_ms"], uniform["kernel_ms"])
         result["kernel_ms_by_kind"] = {"learned": kernels_by_kind(learned["kernel_ms"]),
                                        "uniform": kernels_by_kind(uniform["kernel_ms"])}
+        result["learned_other_kernels"] = top_other_kernels(learned["kernel_ms"])
         result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
         result["sync_sources"] = {"learned": learned["sync_sources"], "uniform": uniform["sync_sources"]}
         say(result["profile"])
@@ -479,13 +480,24 @@ KERNEL_KINDS = (  # (kind, substrings of kernel names), first match wins (flash 
 )
 
 
+def kernel_kind(name: str) -> str:
+    """The kind of a kernel (KERNEL_KINDS) by its name; "other": elementwise, copies, reductions, indexing."""
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
 def kernels_by_kind(kernel_ms: dict) -> dict:
-    """Kernel milliseconds per step summed by kind (the rest: elementwise, copies, reductions, indexing)."""
+    """Kernel milliseconds per step summed by kind."""
     kinds = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
     for name, ms in kernel_ms.items():
-        low = name.lower()
-        kinds[next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")] += ms
+        kinds[kernel_kind(name)] += ms
     return kinds
+
+
+def top_other_kernels(kernel_ms: dict, top: int = 12) -> list:
+    """The kernels of kind "other" that take longest: [name, ms per step], longest first."""
+    other = [[name, ms] for name, ms in kernel_ms.items() if kernel_kind(name) == "other"]
+    return sorted(other, key=lambda item: -item[1])[:top]
 
 
 def host_syncs(run, device: torch.device) -> dict | None:
@@ -843,6 +855,9 @@ def render_figures(fig: dict) -> list[str]:
         if by_kind.get("learned"):
             out += ["Kernel time per step by kind (ms):", "", "| kind | learned | uniform |", "|---|---|---|"]
             out += [f"| {k} | {ms:.2f} | {by_kind['uniform'][k]:.2f} |" for k, ms in by_kind["learned"].items()] + [""]
+        if tp.get("learned_other_kernels"):
+            out += ["The longest kernels of learned's \"other\" kind (ms per step):", "", "| kernel | ms |", "|---|---|"]
+            out += [f"| {k[:100]} | {ms:.3f} |" for k, ms in tp["learned_other_kernels"]] + [""]
         if tp.get("learned_extra_kernels"):
             out += ["Kernels that grow most from uniform to learned (ms per step):", "",
                     "| kernel | learned | uniform |", "|---|---|---|"]

@@ -42,6 +42,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert "aten::" in throughput["profile"]  # the profiler table a missed target gets
     # no CUDA kernels or syncs to count on a CPU: said as such, not as zeros
     assert throughput["device_busy"] == {"learned": None, "uniform": None} and throughput["learned_extra_kernels"] == []
+    assert throughput["learned_other_kernels"] == []
     assert throughput["host_syncs"] == {"learned": None, "uniform": None}
     assert throughput["kernel_ms_by_kind"]["learned"].keys() == {"matrix products", "attention", "boundary scan",
                                                                  "optimizer", "other"}
@@ -158,12 +159,16 @@ def test_warning_stacks_keep_the_caller_of_a_matching_warning():
 
 def test_kernels_are_summed_by_kind():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_check import kernels_by_kind
+    from gpu_check import kernels_by_kind, top_other_kernels
     kinds = kernels_by_kind({"nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": 2.5, "cutlass_75_tensorop_gemm": 0.5,
                              "triton_tem_fused_flex_attention_backward_1": 2.0, "run_chunks": 0.25,
                              "flash_fwd_kernel<cutlass::bfloat16_t>": 1.0,
                              "multi_tensor_apply_kernel": 1.0, "triton_poi_fused_add_mul_0": 0.125})
     assert kinds == {"matrix products": 3.0, "attention": 3.0, "boundary scan": 0.25, "optimizer": 1.0, "other": 0.125}
+    other = {"triton_poi_fused_add_mul_0": 0.125, "void at::native::elementwise_kernel<128, 4>": 0.5,
+             "triton_red_fused_rms_norm_3": 0.25, "nvjet_sm90_tst_192x192": 9.0}
+    assert top_other_kernels(other, top=2) == [["void at::native::elementwise_kernel<128, 4>", 0.5],
+                                               ["triton_red_fused_rms_norm_3", 0.25]]
 
 
 def test_every_learning_run_has_a_valid_config():
