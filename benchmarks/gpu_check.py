@@ -2,7 +2,7 @@
 each fit in one 10-minute command on one H100/H200, writing one Markdown report and its JSON.
 
     python benchmarks/gpu_check.py --stage tests                                   # environment + CUDA tests (~2 min)
-    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, attention, FSDP2, generation (~6 min)
+    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, FSDP2, attention, generation (~6 min)
     python benchmarks/gpu_check.py --stage learn --strategy uniform --data prose.jsonl.gz   # ~5 min
     python benchmarks/gpu_check.py --stage learn --strategy learned --data prose.jsonl.gz   # same FLOPs as uniform's
     python benchmarks/gpu_check.py --data prose.jsonl.gz                           # every stage in order (~25 min)
@@ -263,9 +263,9 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
     keeps what it measured); a figure that would start after `--stage-seconds` is skipped and says so."""
     out, start = {}, time.perf_counter()
     # compiled generation last: compiling its step took minutes on an H100's host
-    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("attention", figure_attention),
-                     ("fsdp", figure_fsdp),
-                     ("generation", figure_generation), ("compiled_generation", figure_compiled_generation)):
+    for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("fsdp", figure_fsdp),
+                     ("attention", figure_attention), ("generation", figure_generation),
+                     ("compiled_generation", figure_compiled_generation)):
         if time.perf_counter() - start > args.stage_seconds:
             out[name] = {"skipped": f"not started: the stage's {args.stage_seconds:.0f} s were spent"}
             continue
