@@ -371,8 +371,10 @@ def figure_attention(args, sizes: Sizes, device: torch.device, work: Path) -> di
     import torch.nn.functional as F
     from scan import timed  # benchmarks/scan.py
 
+    from learntok.boundaries.uniform import uniform_boundaries
     from learntok.config import load_config
     from learntok.model.layers import attention_pattern
+    from learntok.model.resample import boundary_positions
 
     def attend(q, k, v, window, cap, kernel):
         if kernel == "sdpa":
@@ -382,7 +384,9 @@ def figure_attention(args, sizes: Sizes, device: torch.device, work: Path) -> di
     cfg = load_config(sizes.model_config, list(sizes.model_overrides))
     m = cfg.model
     B, T, H, hd = cfg.train.batch_size // cfg.train.micro_batches, cfg.train.seq_len, m.n_heads, m.d_model // m.n_heads
-    M = -(-round(T * cfg.boundaries.target_rate) // m.token_multiple) * m.token_multiple  # tokens per row at the rate
+    # the token level's length: boundaries at the target rate, in the slots the model lays tokens out in
+    at_rate = uniform_boundaries(T, cfg.boundaries.target_rate).expand(B, T)
+    M = boundary_positions(at_rate, m.token_multiple).pos.shape[1]
     dtype = torch.bfloat16 if sizes.bf16 else torch.float32
     training = f"{sizes.attention}, softcap {m.attn_softcap}"
     variants = ((training, m.attn_softcap, sizes.attention), ("SDPA causal, whole length, no softcap", None, "sdpa"),
