@@ -1,6 +1,6 @@
 """Two settings of `learntok compare`, seed by seed, paired over the held-out sequences both scored.
 
-    python paired_table.py RUNS_DIR "LABEL A=PREFIX_A" "LABEL B=PREFIX_B" [SEEDS...] > table.md
+    python paired_table.py RUNS_DIR "LABEL A=PREFIX_A" "LABEL B=PREFIX_B" [SEEDS...] > table.md   (seeds: 0-15)
 
 Reads RUNS_DIR/{PREFIX}_s{seed}/results.json (one strategy per folder). Per seed: each setting's held-out bpb,
 its boundary rate and word-start precision / recall and whitespace precision on those sequences, and B - A
@@ -64,5 +64,6 @@ se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else floa
 means = [statistics.mean(r["bpb"][k] for r in rows) for k in (0, 1)]
 print(f"| mean of {len(rows)} | {means[0]:.3f} | {means[1]:.3f} | {statistics.mean(diffs):+.3f} ± {se:.3f} (over seeds) "
       "| | | | |")
-Path(f"{prefix_a}-{prefix_b}.json").write_text(json.dumps({"settings": {label_a: prefix_a, label_b: prefix_b}, "seeds": rows,
-                                          "mean_difference": statistics.mean(diffs), "se_over_seeds": se}, indent=1) + "\n")
+numbers = {"settings": {label_a: prefix_a, label_b: prefix_b}, "seeds": rows,
+           "mean_difference": statistics.mean(diffs), "se_over_seeds": se}
+Path(f"{prefix_a}-{prefix_b}.json").write_text(json.dumps(numbers, indent=1) + "\n")
