@@ -9,13 +9,13 @@ standard error over the seeds (both settings share each seed's initialisation an
 also go to PREFIX_A-PREFIX_B.json in the current directory."""
 
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 from learntok.compare.report import bpb_difference
 from learntok.compare.run import RunResult
+from learntok.eval.benchmarks import mean_and_se
 
 runs_dir = Path(sys.argv[1])
 (label_a, prefix_a), (label_b, prefix_b) = (arg.rsplit("=", 1) for arg in sys.argv[2:4])
@@ -59,11 +59,10 @@ for r in rows:
     print(f"| {r['seed']} | {r['bpb'][0]:.3f} | {r['bpb'][1]:.3f} | {r['difference']:+.3f} ± "
           f"{r['difference_se_over_sequences']:.3f} | {cell(a)} | {cell(b)} | {a['rate']:.3f} / {b['rate']:.3f} | "
           f"{r['training_bytes'][0] / 1e6:.2f}M / {r['training_bytes'][1] / 1e6:.2f}M |")
-diffs = [r["difference"] for r in rows]
-se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+difference, se = mean_and_se([r["difference"] for r in rows])
 means = [statistics.mean(r["bpb"][k] for r in rows) for k in (0, 1)]
-print(f"| mean of {len(rows)} | {means[0]:.3f} | {means[1]:.3f} | {statistics.mean(diffs):+.3f} ± {se:.3f} (over seeds) "
+print(f"| mean of {len(rows)} | {means[0]:.3f} | {means[1]:.3f} | {difference:+.3f} ± {se:.3f} (over seeds) "
       "| | | | |")
 numbers = {"settings": {label_a: prefix_a, label_b: prefix_b}, "seeds": rows,
-           "mean_difference": statistics.mean(diffs), "se_over_seeds": se}
+           "mean_difference": difference, "se_over_seeds": se}
 Path(f"{prefix_a}-{prefix_b}.json").write_text(json.dumps(numbers, indent=1) + "\n")

@@ -16,6 +16,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from learntok.eval.benchmarks import mean_and_se
+from learntok.train.metrics import read_metrics
+
 runs_dir = Path(sys.argv[1])
 (label_a, prefix_a), (label_b, prefix_b) = (arg.rsplit("=", 1) for arg in sys.argv[2:4])
 edges = [int(e) for e in sys.argv[4].split(",")]
@@ -30,8 +33,7 @@ def per_step(prefix: str, seed: int) -> dict[str, list[float]] | None:
         return None
     series: dict[str, list[float]] = {field: [] for field in FIELDS}
     last = 0
-    for line in paths[0].read_text().splitlines():
-        row = json.loads(line)
+    for row in read_metrics(paths[0]):
         for field in FIELDS:
             series[field] += [row.get(field, math.nan)] * (row["step"] - last)  # nan: no policy
         last = row["step"]
@@ -69,13 +71,12 @@ print(f"| steps | {label_b} - {label_a}, training bpb (± SE over seeds) | learn
 print("|---|---:|---:|---:|---:|---:|")
 summary = []
 for (lo, hi), cells in sorted(rows.items()):
-    diffs = [c["difference"] for c in cells]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    difference, se = mean_and_se([c["difference"] for c in cells])
     entropy = [statistics.mean(c["entropy"][k] for c in cells) for k in (0, 1)]
     lr_ratio = statistics.mean(c["lr_ratio"] for c in cells)
-    print(f"| {lo}-{hi} | {statistics.mean(diffs):+.4f} ± {se:.4f} | {lr_ratio:.3f} | {entropy[0]:.3f} | "
+    print(f"| {lo}-{hi} | {difference:+.4f} ± {se:.4f} | {lr_ratio:.3f} | {entropy[0]:.3f} | "
           f"{entropy[1]:.3f} | {len(cells)} |")
-    summary.append({"steps": [lo, hi], "difference": statistics.mean(diffs), "se_over_seeds": se,
+    summary.append({"steps": [lo, hi], "difference": difference, "se_over_seeds": se,
                     "lr_ratio": lr_ratio, "policy_entropy": entropy, "seeds": len(cells)})
 numbers = {"settings": {label_a: prefix_a, label_b: prefix_b}, "seeds": used, "windows": summary}
 Path(f"{prefix_a}-{prefix_b}.curves.json").write_text(json.dumps(numbers, indent=1) + "\n")
