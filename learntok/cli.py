@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> one-line help. Keep in the order a new user meets them.
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = _command(args.command)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except BrokenPipeError:  # the reader of the output has gone (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush then writes nowhere
+        return 1
 
 
 if __name__ == "__main__":

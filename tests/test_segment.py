@@ -266,3 +266,18 @@ def test_generate_command(model_dir, capsys):
     second = capsys.readouterr()
     assert first.out == second.out and first.out.startswith("Hi")
     assert "30 bytes" in first.err and "seed 5" in first.err
+
+
+def test_output_piped_into_head_ends_quietly(model_dir, tmp_path):
+    """`learntok segment ... | head -n 1`: once the reader has gone, the command stops without a traceback.
+    The text is long enough that its output cannot all fit in the pipe before the reader closes it."""
+    import subprocess
+    import sys
+    src = tmp_path / "long.txt"
+    src.write_text(TEXT * 3000, encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "learntok.cli", "segment", str(model_dir), "--file", str(src)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err
