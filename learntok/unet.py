@@ -136,8 +136,9 @@ class ByteUNet(nn.Module):
 
     @property
     def draws(self) -> int:
-        """Boundary draws per sequence in a forward pass: `boundaries.group_size` in training, 1 in eval."""
-        return self.boundaries.cfg.group_size if self.training else 1
+        """Boundary draws per sequence in a forward pass: the strategy's (`boundaries.group_size`) in
+        training, 1 in eval."""
+        return self.boundaries.draws if self.training else 1
 
     def forward(self, inputs: torch.Tensor, *, doc_start: torch.Tensor | None = None,
                 supplied: torch.Tensor | None = None, generator: torch.Generator | None = None,

@@ -168,3 +168,85 @@ def test_trainer_step_draws_uniforms_for_every_draw_and_counts_their_flops(tmp_p
     assert trainer.flops == trainer.model.flops(B * T, int(metrics["tokens"]), 3)
     assert int(metrics["tokens"]) > 3 * B  # every draw's tokens (at least BOS per row)
     assert float(metrics["advantage_std"]) > 0 and bool(metrics["applied"])
+
+
+def test_group_until_bytes_ends_the_draws_and_the_group_centering():
+    """`group_until_bytes`: K draws while fewer training bytes have been seen, then one draw centred on the
+    batch mean; evaluation draws once throughout."""
+    cfg = tiny_config(group_size=2, learned={"batch_centering": "group_loo", "group_until_bytes": 100})
+    model = ByteUNet(cfg.model, cfg.boundaries).train()
+    strategy = model.boundaries
+    assert (model.draws, strategy.centering) == (2, "group_loo")  # before any progress: the group's
+    strategy.set_progress(99, 1000)
+    assert (model.draws, strategy.centering) == (2, "group_loo")
+    strategy.set_progress(100, 1000)
+    assert (model.draws, strategy.centering) == (1, "mean")
+    assert model.eval().draws == 1
+
+
+def test_after_the_group_a_step_is_the_papers_estimator():
+    """Once the group's draws have ended, the gradient and metrics are those of the same weights configured
+    with one draw and the batch-mean baseline, on the same batch and uniforms."""
+    ended = ByteUNet(*(lambda c: (c.model, c.boundaries))(
+        tiny_config(group_size=2, learned={"batch_centering": "group_loo", "group_until_bytes": 10}))).train()
+    paper = ByteUNet(*(lambda c: (c.model, c.boundaries))(tiny_config())).train()
+    paper.load_state_dict(ended.state_dict())
+    ended.boundaries.set_progress(10, 100)
+    batch = Batch.from_sequences(random_inputs(3, 33, seed=4))
+    u = torch.rand(3, 32, generator=torch.Generator().manual_seed(6))
+    metrics = [accumulate_gradients(model, batch, 1, uniforms=u) for model in (ended, paper)]
+    assert metrics[0].keys() == metrics[1].keys()
+    for key in metrics[0]:
+        assert torch.equal(metrics[0][key], metrics[1][key]), key
+    for (name, p), q in zip(ended.named_parameters(), paper.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("learned, message", [
+    ({"batch_centering": "group_loo", "group_until_bytes": 0}, "must be > 0"),
+    ({"group_until_bytes": 1e6}, "use it with batch_centering=group_loo")])
+def test_group_until_bytes_is_checked(learned, message):
+    with pytest.raises(ConfigError, match=message):
+        check(tiny_config(group_size=2, learned=learned).boundaries)
+
+
+def test_a_run_that_ends_its_group_switches_at_its_bytes_resumes_exactly_and_loads(tmp_path, keep_threads):
+    """The draws end at the step that starts with `group_until_bytes` seen (read from the bytes seen, so a
+    resumed run switches at the same step), FLOPs count each step's draws, and the finished run's saved
+    config, which still names the group, loads."""
+    from conftest import memory_data
+    from learntok.train.checkpoint import list_checkpoints, load_model
+    from learntok.train.metrics import read_metrics
+    from learntok.train.trainer import Trainer
+    from test_train import without_timing
+
+    def trainer(run_dir, resume=False, checkpoint_every=0):
+        cfg = tiny_config(group_size=2, learned={"batch_centering": "group_loo", "group_until_bytes": 2 * 4 * 64})
+        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
+        cfg.train.training_bytes = 5 * cfg.train.batch_size * cfg.train.seq_len
+        cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every = 1, 0, checkpoint_every
+        cfg.train.keep_checkpoints = 0
+        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+
+    ref = trainer(tmp_path / "ref")
+    draws, flops = [], []
+    while ref.step < ref.total_steps:
+        before = ref.flops
+        batch = ref.data.train.next_batch()
+        tokens = int(ref.train_step(batch)["tokens"])
+        draws.append(ref.model.draws)
+        flops.append((ref.flops - before, ref.model.flops(batch.inputs.numel(), tokens, ref.model.draws)))
+    assert draws == [2, 2, 1, 1, 1]  # 2 * 4 * 64 bytes: two steps of 4 x 64
+    assert all(got == want for got, want in flops)
+
+    trainer(tmp_path / "whole").train()
+    trainer(tmp_path / "run", checkpoint_every=1).train()
+    for later in list_checkpoints(tmp_path / "run")[1:]:
+        later.rename(tmp_path / "run" / f"old_{later.name}")
+    resumed = trainer(tmp_path / "run", resume=True)
+    assert resumed.step == 1  # inside the group's draws
+    resumed.train()
+    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    model, cfg = load_model(tmp_path / "run")
+    assert model.boundaries.options.group_until_bytes == 2 * 4 * 64 and model.boundaries.draws == 2

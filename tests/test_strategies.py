@@ -465,7 +465,7 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
         model.eval()  # evaluation samples the policy: after 20 steps it has copied the rule
         copied = model(x, uniforms=torch.full(x.shape, 0.5)).boundaries.a
         model.train()
-        strategy.set_progress(0.5)  # imitation over: training samples the policy too
+        strategy.set_progress(1, 2)  # half the bytes seen: imitation over, training samples the policy too
         sampled = model(x, generator=torch.Generator().manual_seed(0)).boundaries.a
     # (placement blind to the rule at its rate agrees on about 0.73 of the decisions)
     assert (copied == want).float().mean() > 0.95 and (sampled == want).float().mean() > 0.9

@@ -170,11 +170,12 @@ def test_word_start_loss_on_a_worked_example():
 @pytest.mark.parametrize("learned, group, backend", [
     ({}, 1, "inductor"), ({"batch_centering": "leave_one_out", "gamma": 0.9}, 1, "aot_eager"),
     ({"batch_centering": "group_loo"}, 2, "aot_eager"), ({"batch_centering": "draw", "draw_share": 0.5}, 1, "aot_eager"),
-    ({"imitate": "word_start", "imitate_until": 1.0}, 1, "aot_eager")])  # copying a rule: another loss
+    ({"imitate": "word_start", "imitate_until": 1.0}, 1, "aot_eager"),  # copying a rule: another loss
+    ({"batch_centering": "group_loo", "group_until_bytes": 0.5}, 2, "aot_eager")])  # two draws, then one
 def test_compiled_strategy_methods_give_the_eager_gradient(learned, group, backend):
     """`compile_layers` compiles the strategy's maths too (`BoundaryStrategy.compiled`): the same gradient and
     metrics as eager, over micro-batches, for each centering, a discount and the copy of a rule, and again
-    once the copy has ended (progress 1). aot_eager traces what inductor would be given; inductor itself
+    once the copy or the group's draws have ended (progress 1). aot_eager traces what inductor would be given; inductor itself
     compiles the strategy's methods once."""
     batch = padded_batch()
     rows, T = batch.inputs.shape
@@ -191,8 +192,8 @@ def test_compiled_strategy_methods_give_the_eager_gradient(learned, group, backe
         results = []
         for model in (eager, compiled):
             model.zero_grad(set_to_none=True)
-            model.boundaries.set_progress(progress)
-            metrics = accumulate_gradients(model, batch, 3, uniforms=u, baseline_uniforms=second)
+            model.boundaries.set_progress(progress, 1.0)
+            metrics = accumulate_gradients(model, batch, 3, uniforms=u[:rows * model.draws], baseline_uniforms=second)
             results.append((grads(model), metrics))
         (g_eager, m_eager), (g_compiled, m_compiled) = results
         assert_close_grads(g_compiled, g_eager, rtol=1e-4)

@@ -213,9 +213,16 @@ class BoundaryStrategy(nn.Module):
         centering), as (rows,) bool; None (the default): no such draw."""
         return None
 
-    def set_progress(self, share: float) -> None:
-        """The share of the run's training bytes seen so far, before every training step (a schedule over
-        the run: the learned policy's `imitate_until`). Default: ignored."""
+    def set_progress(self, bytes_seen: int, training_bytes: float) -> None:
+        """Where the run is, before every training step: the training bytes seen so far and the bytes the run
+        is planned for (a schedule over the run: the learned policy's `imitate_until` and `group_until_bytes`).
+        Default: ignored."""
+
+    @property
+    def draws(self) -> int:
+        """Boundary draws per sequence in a training forward pass: `group_size` (the learned policy ends
+        them at `group_until_bytes`)."""
+        return self.cfg.group_size
 
     def update(self, bnd: Boundaries, inp: LossInputs) -> None:
         """Update running state from a training forward pass (the entropy strategy's calibrated threshold),

@@ -27,6 +27,12 @@ cross-entropy of the policy against them (the target-rate loss is off), so the l
 rule and the policy copies it; from then on the policy samples and learns as above, starting from the
 rule. Evaluation always samples the policy.
 
+Beyond the paper, `group_until_bytes`: with `boundaries.group_size` K >= 2 and a group centering, each
+sequence gets K draws centred on each other for the first `group_until_bytes` training bytes only, then
+one draw centred on the batch mean, as in the paper. The policy commits within its first hundred or so
+steps, and the K draws make it find the better boundaries more often (docs/results/credit_assignment/,
+sections 25-27); after that they would cost K times the token level and decoder for no such gain.
+
 Sampling: the W_j X_i for all i, j come from one matmul; the sequential part runs in the compiled scan
 of `learntok.kernels.scan`; log pi(a_i) is then recomputed with gradient from the sampled a, vectorised.
 """
@@ -73,6 +79,7 @@ class LearnedOptions(StrategyOptions):
     train_encoder: bool = True  # the policy's losses also train the encoder through X (false: only W)
     imitate: str = ""  # a fixed rule (whitespace | word_start) that training executes and the policy copies ...
     imitate_until: float = 0.0  # ... for this share of the training bytes; then the policy samples and learns
+    group_until_bytes: float | None = None  # with a group centering: group_size draws per sequence for this many training bytes, then one draw centred on the batch mean (None: the whole run)
 
     def problems(self, cfg: BoundaryConfig) -> Iterator[tuple[str, str]]:
         if self.lags < 0:
@@ -95,6 +102,11 @@ class LearnedOptions(StrategyOptions):
             yield "imitate_until", "needs a rule to copy: set boundaries.learned.imitate"
         elif self.imitate and self.imitate_until == 0:
             yield "imitate_until", f"is 0, so {self.imitate} is never copied: give the share of the training bytes (e.g. 0.2)"
+        if self.group_until_bytes is not None:
+            if self.group_until_bytes <= 0:
+                yield "group_until_bytes", "must be > 0 (or null: the group's draws for the whole run)"
+            elif not self.batch_centering.startswith("group"):
+                yield "group_until_bytes", "ends a group's draws: use it with batch_centering=group_loo (or group)"
 
 
 @dataclass
@@ -126,13 +138,26 @@ class LearnedPolicy(BoundaryStrategy):
         self.lags = self.options.lags
         self.proj = nn.Linear(d_model, 1 + self.lags, bias=False)  # rows: W_0, W_1 .. W_w
         self.imitating = False  # training executes the rule `imitate` and the policy copies it (`set_progress`)
+        self.grouping = True  # each training sequence gets group_size draws (until `group_until_bytes`)
 
     # the policy's whole forward but the uniforms' draw is one region: on a GPU, one host call in place of two
     # regions and a dozen eager threshold ops (the scan is a custom op, so it compiles inside the region)
     compiled = (*BoundaryStrategy.compiled, "decide")
 
-    def set_progress(self, share: float) -> None:
-        self.imitating = bool(self.options.imitate) and share < self.options.imitate_until
+    def set_progress(self, bytes_seen: int, training_bytes: float) -> None:
+        self.imitating = bool(self.options.imitate) and bytes_seen / training_bytes < self.options.imitate_until
+        until = self.options.group_until_bytes
+        self.grouping = until is None or bytes_seen < until
+
+    @property
+    def draws(self) -> int:
+        return self.cfg.group_size if self.grouping else 1
+
+    @property
+    def centering(self) -> str:
+        """The advantage baseline now: `batch_centering`, and the batch mean once a group's draws have ended
+        (`group_until_bytes`): with one draw per sequence there is no other draw to centre on."""
+        return self.options.batch_centering if self.grouping else "mean"
 
     def scaled_logit_terms(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """base_i = W_0 X_i / D + logit(target) (B, T) and lag_{i,j} = W_j X_i / D (B, T, w)."""
@@ -253,7 +278,7 @@ class LearnedPolicy(BoundaryStrategy):
             return {"imitate": (1.0, masked_mean(-bnd.log_prob, self._decide(inp)))}
         loss_policy, loss_target = policy_losses(
             bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), self._decide(inp), inp.valid,
-            gamma=self.options.gamma, centering=self.options.batch_centering, target_rate=self.cfg.target_rate,
+            gamma=self.options.gamma, centering=self.centering, target_rate=self.cfg.target_rate,
             stats=stats, group=inp.group)
         return {"policy": (self.options.lambda_policy, loss_policy), "target": (self.options.lambda_target, loss_target)}
 
@@ -261,7 +286,7 @@ class LearnedPolicy(BoundaryStrategy):
         decide = self._decide(inp)
         # the advantages over the batch the metrics see (with several ranks: this rank's rows)
         adv = policy_advantages(self._rewards(inp), decide, inp.valid, gamma=self.options.gamma,
-                                centering=self.options.batch_centering, group=inp.group)
+                                centering=self.centering, group=inp.group)
         return {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.logits.detach()), decide),
                 "mean_prob": masked_mean(bnd.probs.detach(), decide),
                 "advantage_std": (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()}
