@@ -191,3 +191,16 @@ def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch
                                    overrides=[f"train.batch_size={batch_size}"], heldout_sequences=64)
         t = run_config(settings, "learned", 0).train
         assert t.batch_size * t.eval_batches == sequences
+
+
+def test_flops_per_byte_plans_a_group_that_ends_as_one_draw(prepared):
+    """With `group_until_bytes` the plan's cost per byte is the one draw's that most of the run pays: the
+    same as the paper's one draw with the same weights and draws, where a group for the whole run costs more."""
+    single = TINY + [f"data.source={prepared}", "data.mode=packed"]
+    group = single + ["boundaries.group_size=2", "boundaries.learned.batch_centering=group_loo"]
+    batches = make_data(load_config(None, single)).val[:1]
+    models = [build_model(load_config(None, o)) for o in (single, group, group + ["boundaries.learned.group_until_bytes=1000"])]
+    for model in models[1:]:
+        model.load_state_dict(models[0].state_dict())
+    paper, grouped, ending = (flops_per_byte(model, batches) for model in models)
+    assert ending == paper and grouped > 1.3 * paper

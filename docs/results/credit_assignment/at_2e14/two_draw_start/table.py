@@ -1,0 +1,58 @@
+"""Section 27: the two-draw start at 2e14 FLOPs against section 23's runs of the same seeds (the word-start rule
+and the paper's estimator, both with the probe), on the same held-out text: compare's 64 sequences, all 418
+packed val sequences (differences paired over them) and all 89 val documents (`learntok eval`).
+
+    python table.py SEEDS... > table.md      (run in this folder; seedS/ holds the new run's scores)
+"""
+import json
+import sys
+from pathlib import Path
+
+from learntok.eval.benchmarks import ratio_and_se
+
+here = Path(__file__).parent
+seeds = [int(s) for s in sys.argv[1:]]
+
+
+def section23(seed: int) -> Path:
+    return here.parent / (f"seed{seed}" if seed else ".")
+
+
+def scores(compare: Path, sequences: Path, documents: Path, row: int) -> dict:
+    c = json.loads(compare.read_text())["rows"][0]
+    doc = json.loads(documents.read_text())["rows"][row]["results"]["heldout"]
+    return {"compare": c["bpb"], "bytes": c["bytes"], "flops": c["flops"], "rate": c["rate"],
+            "precision": c["word_start_precision"], "recall": c["word_start_recall"],
+            "sequences": json.loads(sequences.read_text()), "documents": doc["bpb"]}
+
+
+NAMES = {"rule": "word starts + probe", "paper": "learned, paper's estimator + probe",
+         "two_draws": "learned, two draws for the first 100 steps + probe"}
+print("| seed | run | training bytes | FLOPs | 64 sequences (compare) | 418 sequences | 89 documents | "
+      "rate, 64 | word-start precision / recall, 64 |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+rows = {}
+for s in seeds:
+    old = section23(s)
+    rows[s] = {
+        "rule": scores(old / "compare_word_start/results.json", old / f"sequences/x2_ws_wsl_s{s}.json",
+                       old / "eval/table1.json", 0),
+        "paper": scores(old / "compare_learned/results.json", old / f"sequences/x2_d1r169_wsl_s{s}.json",
+                        old / "eval/table1.json", 1),
+        "two_draws": scores(here / f"seed{s}/compare/results.json", here / f"seed{s}/sequences/x2gu_d1r169_wsl_s{s}.json",
+                            here / f"seed{s}/eval/table1.json", 0)}
+    for k, r in rows[s].items():
+        print(f"| {s} | {NAMES[k]} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3e} | {r['compare']:.4f} | "
+              f"{r['sequences']['bpb']:.4f} | {r['documents']:.4f} | {r['rate']:.3f} | "
+              f"{r['precision']:.3f} / {r['recall']:.3f} |")
+print()
+print("| seed | difference | 64 sequences | 418 sequences (± paired SE over sequences) | 89 documents |")
+print("|---:|---|---:|---:|---:|")
+for s in seeds:
+    for a, b in (("two_draws", "rule"), ("two_draws", "paper"), ("paper", "rule")):
+        x, y = rows[s][a], rows[s][b]
+        d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
+                             y["sequences"]["sequence_bytes"])
+        label = {"two_draws": "two draws first", "rule": "word starts", "paper": "paper's estimator"}
+        print(f"| {s} | {label[a]} - {label[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
+              f"{x['documents'] - y['documents']:+.4f} |")
