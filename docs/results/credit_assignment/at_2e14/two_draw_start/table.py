@@ -27,7 +27,7 @@ def scores(compare: Path, sequences: Path, documents: Path, row: int) -> dict:
 
 
 NAMES = {"rule": "word starts + probe", "paper": "learned, paper's estimator + probe",
-         "two_draws": "learned, two draws for the first 100 steps + probe"}
+         "two_draws": "learned, two draws for the first 106 steps + probe"}
 print("| seed | run | training bytes | FLOPs | 64 sequences (compare) | 418 sequences | 89 documents | "
       "rate, 64 | word-start precision / recall, 64 |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
