@@ -187,9 +187,8 @@ def test_group_until_bytes_ends_the_draws_and_the_group_centering():
 def test_after_the_group_a_step_is_the_papers_estimator():
     """Once the group's draws have ended, the gradient and metrics are those of the same weights configured
     with one draw and the batch-mean baseline, on the same batch and uniforms."""
-    ended = ByteUNet(*(lambda c: (c.model, c.boundaries))(
-        tiny_config(group_size=2, learned={"batch_centering": "group_loo", "group_until_bytes": 10}))).train()
-    paper = ByteUNet(*(lambda c: (c.model, c.boundaries))(tiny_config())).train()
+    ended = make_model(group_size=2, batch_centering="group_loo", group_until_bytes=10).train()
+    paper = make_model(batch_centering="mean").train()
     paper.load_state_dict(ended.state_dict())
     ended.boundaries.set_progress(10, 100)
     batch = Batch.from_sequences(random_inputs(3, 33, seed=4))

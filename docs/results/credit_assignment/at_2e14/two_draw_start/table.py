@@ -28,6 +28,7 @@ def scores(compare: Path, sequences: Path, documents: Path, row: int) -> dict:
 
 NAMES = {"rule": "word starts + probe", "paper": "learned, paper's estimator + probe",
          "two_draws": "learned, two draws for the first 106 steps + probe"}
+SHORT = {"rule": "word starts", "paper": "paper's estimator", "two_draws": "two draws first"}
 print("| seed | run | training bytes | FLOPs | 64 sequences (compare) | 418 sequences | 89 documents | "
       "rate, 64 | word-start precision / recall, 64 |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -53,6 +54,5 @@ for s in seeds:
         x, y = rows[s][a], rows[s][b]
         d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
                              y["sequences"]["sequence_bytes"])
-        label = {"two_draws": "two draws first", "rule": "word starts", "paper": "paper's estimator"}
-        print(f"| {s} | {label[a]} - {label[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
+        print(f"| {s} | {SHORT[a]} - {SHORT[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
               f"{x['documents'] - y['documents']:+.4f} |")
