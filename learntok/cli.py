@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 
 # name -> one-line help. Keep in the order a new user meets them.
@@ -45,9 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     module = _command(args.command)
     try:
         return int(module.run(args) or 0)
-    except BrokenPipeError:  # the reader of the output has gone (`| head`): stop quietly, as Unix tools do
+    except BrokenPipeError:
+        if not _reader_gone(sys.stdout):  # another pipe (a worker's, a peer's): the error is the command's
+            raise
+        # the reader of the output has gone (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush then writes nowhere
         return 1
+
+
+def _reader_gone(stream) -> bool:
+    """Whether `stream` writes into a pipe whose reading end is closed (poll reports an error on it)."""
+    try:
+        poll = select.poll()
+        poll.register(stream.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or no poll on this platform
+        return False
 
 
 if __name__ == "__main__":

@@ -202,7 +202,9 @@ def test_after_the_group_a_step_is_the_papers_estimator():
 
 
 @pytest.mark.parametrize("learned, message", [
-    ({"batch_centering": "group_loo", "group_until_bytes": 0}, "must be > 0"),
+    ({"batch_centering": "group_loo", "group_until_bytes": 0}, "must be a number > 0"),
+    # a NaN would compare False with every byte count: one draw from the first step, silently
+    ({"batch_centering": "group_loo", "group_until_bytes": float("nan")}, "must be a number > 0"),
     ({"group_until_bytes": 1e6}, "use it with batch_centering=group_loo")])
 def test_group_until_bytes_is_checked(learned, message):
     with pytest.raises(ConfigError, match=message):

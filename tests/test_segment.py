@@ -281,3 +281,17 @@ def test_output_piped_into_head_ends_quietly(model_dir, tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 1 and "Traceback" not in err, err
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_an_error(monkeypatch):
+    """A BrokenPipeError from another pipe (a data worker's, a distributed peer's) while the output is still read
+    is the command's failure: it propagates instead of ending the command quietly."""
+    import types
+
+    from learntok import cli
+
+    def run(args):
+        raise BrokenPipeError("a worker's pipe")
+    monkeypatch.setattr(cli, "_command", lambda name: types.SimpleNamespace(add_arguments=lambda p: None, run=run))
+    with pytest.raises(BrokenPipeError, match="worker"):
+        cli.main(["segment"])

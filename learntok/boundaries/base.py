@@ -213,10 +213,10 @@ class BoundaryStrategy(nn.Module):
         centering), as (rows,) bool; None (the default): no such draw."""
         return None
 
-    def set_progress(self, bytes_seen: int, training_bytes: float) -> None:
+    def set_progress(self, bytes_seen: float, training_bytes: float) -> None:
         """Where the run is, before every training step: the training bytes seen so far and the bytes the run
-        is planned for (a schedule over the run: the learned policy's `imitate_until` and `group_until_bytes`).
-        Default: ignored."""
+        is planned for (a schedule over the run: the learned policy's `imitate_until` and `group_until_bytes`);
+        `bytes_seen=math.inf`: past every phase (`learntok compare` plans at that cost). Default: ignored."""
 
     @property
     def draws(self) -> int:

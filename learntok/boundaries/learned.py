@@ -103,8 +103,8 @@ class LearnedOptions(StrategyOptions):
         elif self.imitate and self.imitate_until == 0:
             yield "imitate_until", f"is 0, so {self.imitate} is never copied: give the share of the training bytes (e.g. 0.2)"
         if self.group_until_bytes is not None:
-            if self.group_until_bytes <= 0:
-                yield "group_until_bytes", "must be > 0 (or null: the group's draws for the whole run)"
+            if not (math.isfinite(self.group_until_bytes) and self.group_until_bytes > 0):
+                yield "group_until_bytes", "must be a number > 0 (or null: the group's draws for the whole run)"
             elif not self.batch_centering.startswith("group"):
                 yield "group_until_bytes", "ends a group's draws: use it with batch_centering=group_loo (or group)"
 
@@ -144,7 +144,7 @@ class LearnedPolicy(BoundaryStrategy):
     # regions and a dozen eager threshold ops (the scan is a custom op, so it compiles inside the region)
     compiled = (*BoundaryStrategy.compiled, "decide")
 
-    def set_progress(self, bytes_seen: int, training_bytes: float) -> None:
+    def set_progress(self, bytes_seen: float, training_bytes: float) -> None:
         self.imitating = bool(self.options.imitate) and bytes_seen / training_bytes < self.options.imitate_until
         until = self.options.group_until_bytes
         self.grouping = until is None or bytes_seen < until

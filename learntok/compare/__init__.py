@@ -7,7 +7,8 @@ matrix parameter per byte at the byte level, per token at the token level; cumul
 metrics.jsonl). Strategies differ in FLOPs per byte (their realised rate, their own parameters), so
 each trains on a different number of bytes:
 
-1. the fresh model is run on the first two held-out batches (training mode, no gradient) to measure its
+1. the fresh model is run on the first two held-out batches (training mode, no gradient, its strategy as it
+   runs after its first phases: one draw for a group that ends at `group_until_bytes`) to measure its
    FLOPs per byte, and `train.training_bytes = budget / (FLOPs per byte)` plans the run;
 2. the trainer runs to the budget (`train.flops_budget`): `training_bytes` is re-planned after
    every step from the FLOPs per byte of the run so far, so the cosine schedule ends where the cumulative

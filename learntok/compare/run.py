@@ -139,7 +139,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     steps = max(1, math.ceil(t.training_bytes / (t.batch_size * t.seq_len)))
     t.eval_every = max(1, steps // max(1, settings.eval_points))
     resume = bool(ckpt_io.list_checkpoints(run_dir)) if run_dir.exists() else False
-    log(f"  {per_byte / 1e6:.3f} MFLOPs per byte at initialisation -> about {t.training_bytes / 1e6:.2f}M bytes, "
+    log(f"  {per_byte / 1e6:.3f} MFLOPs per byte on the fresh model -> about {t.training_bytes / 1e6:.2f}M bytes, "
         f"{steps} steps; held-out evaluation every {t.eval_every} steps" + (" (resuming)" if resume else ""))
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
