@@ -3,12 +3,14 @@ and the paper's estimator, both with the probe), on the same held-out text: comp
 packed val sequences (differences paired over them) and all 89 val documents (`learntok eval`).
 
     python table.py SEEDS... > table.md      (run in this folder; seedS/ holds the new run's scores)
+
+With several seeds, each difference's mean over the seeds follows, ± its standard error over the seeds.
 """
 import json
 import sys
 from pathlib import Path
 
-from learntok.eval.benchmarks import ratio_and_se
+from learntok.eval.benchmarks import mean_and_se, ratio_and_se
 
 here = Path(__file__).parent
 seeds = [int(s) for s in sys.argv[1:]]
@@ -40,7 +42,8 @@ for s in seeds:
                        old / "eval/table1.json", 0),
         "paper": scores(old / "compare_learned/results.json", old / f"sequences/x2_d1r169_wsl_s{s}.json",
                         old / "eval/table1.json", 1),
-        "two_draws": scores(here / f"seed{s}/compare/results.json", here / f"seed{s}/sequences/x2gu_d1r169_wsl_s{s}.json",
+        # seeds 1 and 3 ran with first_steps.patch (x2gu_*), seeds 0 and 2 with the option (x2opt_*)
+        "two_draws": scores(here / f"seed{s}/compare/results.json", *here.glob(f"seed{s}/sequences/x2*_s{s}.json"),
                             here / f"seed{s}/eval/table1.json", 0)}
     for k, r in rows[s].items():
         print(f"| {s} | {NAMES[k]} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3e} | {r['compare']:.4f} | "
@@ -49,10 +52,18 @@ for s in seeds:
 print()
 print("| seed | difference | 64 sequences | 418 sequences (± paired SE over sequences) | 89 documents |")
 print("|---:|---|---:|---:|---:|")
+PAIRS = (("two_draws", "rule"), ("two_draws", "paper"), ("paper", "rule"))
+per_seed = {pair: [] for pair in PAIRS}  # each seed's difference on the 64, the 418 and the 89
 for s in seeds:
-    for a, b in (("two_draws", "rule"), ("two_draws", "paper"), ("paper", "rule")):
+    for a, b in PAIRS:
         x, y = rows[s][a], rows[s][b]
         d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
                              y["sequences"]["sequence_bytes"])
+        per_seed[a, b].append((x["compare"] - y["compare"], d, x["documents"] - y["documents"]))
         print(f"| {s} | {SHORT[a]} - {SHORT[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
               f"{x['documents'] - y['documents']:+.4f} |")
+if len(seeds) > 1:  # the mean over the seeds, ± its standard error over them
+    for a, b in PAIRS:
+        cells = [mean_and_se([v[k] for v in per_seed[a, b]]) for k in range(3)]
+        print(f"| mean of {len(seeds)}, ± SE over seeds | {SHORT[a]} - {SHORT[b]} | "
+              + " | ".join(f"{m:+.4f} ± {se:.4f}" for m, se in cells) + " |")
