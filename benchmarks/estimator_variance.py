@@ -28,11 +28,13 @@ of the boundaries (what the text ahead of position t is worth to this row, whate
 draw part, what this draw's boundaries change. Only the draw part carries a policy-gradient signal; the text
 part multiplies the score of a_t as noise, and a baseline that predicted it would remove it. A baseline may
 use anything a_t does not change, so the study fits one (ridge regression on the first half of the rows,
-its R^2 on the second half) on each of three cheap candidates: the row's own past rewards (r_s, s < t;
+its R^2 on the second half) on each of these cheap candidates: the row's own past rewards (r_s, s < t;
 exponential averages over 16, 64 and 256 bytes, and the bytes they cover), the discounted future sums of
 the early-exit head's log-likelihood, its square and its entropy (the encoder is not changed by boundaries),
-and the encoder state X_t. A group or second-draw baseline removes the text part exactly, at the price of
-more draws.
+the encoder state X_t, and, for packed data, the bytes since the last document start in the row (the batch-mean
+baseline at position t averages rows whose position t lies at different offsets of different documents). A
+group or second-draw baseline removes the text part exactly, at the price of more draws. Every forward pass
+is training's: document starts force boundaries, supplied boundaries are passed on.
 
     python benchmarks/estimator_variance.py --checkpoint runs/demo --samples 16 --reference-samples 64
 """
@@ -40,6 +42,7 @@ more draws.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
@@ -49,13 +52,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learntok.data.batch import Batch  # noqa: E402
 from learntok.config import load_config  # noqa: E402
 from learntok.train.checkpoint import load_model  # noqa: E402
 from learntok.train.accumulate import baseline_draw, log_likelihoods  # noqa: E402
-from learntok.unet import ByteUNet  # noqa: E402
+from learntok.unet import ByteUNet, UNetOutput  # noqa: E402
 from learntok.data.loader import make_data  # noqa: E402
-from learntok.data.batch import concat_batches  # noqa: E402
+from learntok.data.batch import Batch, concat_batches  # noqa: E402
 from learntok.objectives import discounted_returns, policy_advantages  # noqa: E402
 
 # every variant changes the paper's estimator, whatever the checkpoint trained with
@@ -73,20 +75,40 @@ VARIANTS.update({f"draw {share}": {**PAPER, "batch_centering": "draw", "draw_sha
 REFERENCE = {"gamma": 1.0, "early_exit_reward": True, "batch_centering": "leave_one_out"}
 
 
+@contextlib.contextmanager
+def estimator(model: ByteUNet, options: dict):
+    """The policy with `options` changed (and `group_size` k, `boundaries.group_size`, 1 unless given) for
+    the duration, whatever the checkpoint trained with: k draws per sequence, the policy gradient's losses
+    (not imitation)."""
+    strategy = model.boundaries
+    saved = strategy.options, strategy.cfg.group_size, strategy.grouping, strategy.imitating
+    policy_options = dict(options)
+    strategy.cfg.group_size = policy_options.pop("group_size", 1)
+    strategy.options = dataclasses.replace(strategy.options, **policy_options)
+    strategy.grouping, strategy.imitating = True, False
+    try:
+        yield
+    finally:
+        strategy.options, strategy.cfg.group_size, strategy.grouping, strategy.imitating = saved
+
+
+def forward(model: ByteUNet, batch: Batch, generator, hidden: torch.Tensor) -> UNetOutput:
+    """The training forward pass on the encoder output `hidden`: forced boundaries at document starts, the
+    data's supplied boundaries."""
+    return model(batch.inputs, doc_start=batch.doc_start, supplied=batch.boundaries, generator=generator,
+                 hidden=hidden)
+
+
 def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[torch.Tensor, int]:
     """One estimate: d(lambda_pi * L_pi)/d(theta) for one draw of boundaries, flattened, and the training
     FLOPs of the forward + backward that made it. `options`: the policy's options to change, and
     `group_size` k (`boundaries.group_size`): the first B/k rows of the batch, k draws each."""
-    strategy = model.boundaries
-    saved = strategy.options, strategy.cfg.group_size
-    policy_options = dict(options)
-    strategy.cfg.group_size = policy_options.pop("group_size", 1)
-    strategy.options = dataclasses.replace(strategy.options, **policy_options)
-    try:
+    with estimator(model, options):
+        strategy = model.boundaries
         rows = batch.inputs.shape[0] // strategy.cfg.group_size
-        part = Batch(batch.inputs[:rows], batch.targets[:rows])
+        part = concat_batches([batch], rows)[0]
         hidden = model.encode(part.inputs)
-        out = model(part.inputs, generator=generator, hidden=hidden)
+        out = forward(model, part, generator, hidden)
         _, _, loss_inputs = log_likelihoods(out, part)
         flops = model.flops(part.inputs.numel(), out.tok_real.numel(), out.draws)
         chosen = strategy.baseline_draw_rows(rows)
@@ -98,8 +120,6 @@ def policy_gradient(model: ByteUNet, batch, generator, options: dict) -> tuple[t
         params = [p for p in model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(weight * loss, params, allow_unused=True)
         return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)]), flops
-    finally:
-        strategy.options, strategy.cfg.group_size = saved
 
 
 def text_and_draw_shares(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
@@ -110,6 +130,15 @@ def text_and_draw_shares(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[
     total = a.pow(2).mean()
     draw_var = a.var(0).mean()
     return float((a.mean(0).pow(2).mean() - draw_var / a.shape[0]) / total), float(draw_var / total)
+
+
+def document_offsets(doc_start: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool document starts -> (B, T) bytes since the last one at or before each position, the row's
+    first position counting as a start (a row opens on a document or inside one). [[F, F, T, F]] -> [[0, 1, 0, 1]]."""
+    positions = torch.arange(doc_start.shape[1], device=doc_start.device).expand_as(doc_start)
+    starts = doc_start.clone()
+    starts[:, 0] = True
+    return positions - torch.where(starts, positions, 0).cummax(1).values
 
 
 def ridge_r2(features: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, ridge: float = 0.1) -> float:
@@ -128,11 +157,11 @@ def advantage_decomposition(model: ByteUNet, batch, generator, draws: int) -> di
     """The paper estimator's advantage split into its text and draw parts over `draws` boundary draws, and
     the out-of-sample R^2 of ridge baselines fitted to the text part (see the docstring)."""
     gamma = PAPER["gamma"]
-    with torch.no_grad():
+    with torch.no_grad(), estimator(model, PAPER):
         hidden = model.encode(batch.inputs)
         advantages, features = [], None
         for _ in range(draws):
-            out = model(batch.inputs, generator=generator, hidden=hidden)
+            out = forward(model, batch, generator, hidden)
             _, _, inp = log_likelihoods(out, batch)
             rewards = (inp.logp - inp.logp_early) * inp.valid
             decide = inp.valid & ~inp.forced
@@ -151,11 +180,15 @@ def advantage_decomposition(model: ByteUNet, batch, generator, draws: int) -> di
                 future = [discounted_returns(x, gamma) for x in (early, early ** 2, entropy, valid)]
                 features = {"past rewards": torch.stack(past, -1), "future early-exit": torch.stack(future, -1),
                             "encoder state X_t": hidden.float()}
+                if batch.doc_start is not None:
+                    offset = document_offsets(batch.doc_start).to(rewards.dtype)
+                    features["bytes since the document start"] = torch.stack(
+                        [offset.log1p(), *((offset < span).to(rewards.dtype) for span in (16, 64, 256))], -1)
         a = torch.stack(advantages)  # (draws, B, T)
     text_share, draw_share = text_and_draw_shares(a, decide)
     weight = decide[..., None].to(a.dtype)
     r2 = {}
-    for name, f in {**features, "all three": torch.cat(list(features.values()), -1)}.items():
+    for name, f in {**features, "all together": torch.cat(list(features.values()), -1)}.items():
         # centred per position like A (what the rows share cancels in the batch-mean centering)
         f = f - (f * weight).sum(0, keepdim=True) / weight.sum(0, keepdim=True).clamp(min=1)
         r2[name] = ridge_r2(f, a.mean(0), decide)

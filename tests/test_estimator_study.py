@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from learntok.config import load_config
+from learntok.data.batch import BOS, PAD, Batch
+from learntok.unet import ByteUNet
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "estimator_variance.py"
 
 
@@ -37,7 +41,7 @@ def test_estimator_study_prints_every_variant():
     assert len(shares) == 1
     r2 = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in proc.stdout.splitlines()
           if line.startswith("| ") and len(line.split("|")) == 4 and not line.startswith("| baseline")}
-    assert set(r2) == {"past rewards", "future early-exit", "encoder state X_t", "all three"}
+    assert set(r2) == {"past rewards", "future early-exit", "encoder state X_t", "all together"}  # no documents in the demo
 
 
 def test_text_and_draw_shares_on_worked_examples():
@@ -75,3 +79,53 @@ def test_ridge_r2_fits_on_the_first_half_and_scores_the_second():
     # a relation that holds only in the second half cannot be learned from the first
     y2 = torch.where(torch.arange(8)[:, None] < 4, noise, x[..., 0])
     assert ridge_r2(x, y2, mask) < 0.05
+
+
+def test_document_offsets_on_a_worked_example():
+    offsets = load_script().document_offsets
+    starts = torch.tensor([[False, False, True, False, False], [True, False, False, True, False]])
+    assert offsets(starts).tolist() == [[0, 1, 0, 1, 2], [0, 1, 2, 0, 1]]
+
+
+def packed_batch(rows: int = 8, T: int = 32) -> Batch:
+    """Random bytes with a document starting at position 12 of every other row (its BOS; no target predicts it)."""
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(0, 256, (rows, T + 1), generator=g)
+    seqs[:, 0] = BOS
+    seqs[::2, 13] = BOS
+    batch = Batch.from_sequences(seqs)
+    batch.targets[batch.targets == BOS] = PAD
+    batch.doc_start = batch.inputs == BOS
+    batch.doc_start[:, 0] = False  # the rows open inside a document
+    return batch
+
+
+def tiny_learned_model(*overrides: str) -> ByteUNet:
+    cfg = load_config("cpu_default", ["model.d_model=32", "model.n_heads=2", *overrides])
+    torch.manual_seed(0)
+    return ByteUNet(cfg.model, cfg.boundaries).train()
+
+
+def test_the_study_forces_boundaries_at_document_starts_as_training_does():
+    study = load_script()
+    model = tiny_learned_model("boundaries.target_rate=1e-6")  # the policy itself all but never cuts
+    batch = packed_batch()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        hidden = model.encode(batch.inputs)
+        a = study.forward(model, batch, g, hidden).boundaries.a
+        unforced = model(batch.inputs, generator=g, hidden=hidden).boundaries.a
+    assert a[batch.doc_start].all() and batch.doc_start.sum() == 4
+    assert not unforced[batch.doc_start].any()  # without the document starts there would be no cut there
+
+
+def test_the_decomposition_is_the_paper_estimators_whatever_the_checkpoint_trained_with():
+    study = load_script()
+    batch = packed_batch()
+    # a checkpoint trained with two draws per sequence: the study still takes one draw of each row
+    model = tiny_learned_model("boundaries.group_size=2", "boundaries.learned.batch_centering=group_loo")
+    d = study.advantage_decomposition(model, batch, torch.Generator().manual_seed(0), draws=3)
+    assert set(d["r2"]) == {"past rewards", "future early-exit", "encoder state X_t", "bytes since the document start",
+                            "all together"}
+    assert all(math.isfinite(v) for v in d["r2"].values()) and d["text_share"] + d["draw_share"] == pytest.approx(1.0)
+    assert model.boundaries.cfg.group_size == 2 and model.boundaries.options.batch_centering == "group_loo"  # restored
