@@ -13,7 +13,6 @@ from pathlib import Path
 from learntok.eval.benchmarks import mean_and_se, ratio_and_se
 
 here = Path(__file__).parent
-seeds = [int(s) for s in sys.argv[1:]]
 
 
 def section23(seed: int) -> Path:
@@ -28,42 +27,52 @@ def scores(compare: Path, sequences: Path, documents: Path, row: int) -> dict:
             "sequences": json.loads(sequences.read_text()), "documents": doc["bpb"]}
 
 
+def section27_runs(seed: int) -> dict:
+    """The scores of one seed's rule, paper's estimator (section 23) and two-draw start (this section)."""
+    old = section23(seed)
+    return {
+        "rule": scores(old / "compare_word_start/results.json", old / f"sequences/x2_ws_wsl_s{seed}.json",
+                       old / "eval/table1.json", 0),
+        "paper": scores(old / "compare_learned/results.json", old / f"sequences/x2_d1r169_wsl_s{seed}.json",
+                        old / "eval/table1.json", 1),
+        # seeds 1 and 3 ran with first_steps.patch (x2gu_*), seeds 0 and 2 with the option (x2opt_*)
+        "two_draws": scores(here / f"seed{seed}/compare/results.json",
+                            *here.glob(f"seed{seed}/sequences/x2*_s{seed}.json"), here / f"seed{seed}/eval/table1.json", 0)}
+
+
+def print_tables(rows: dict, names: dict, short: dict, pairs: tuple) -> None:
+    """rows {seed: {run: scores}}: each run's scores, then each pair's differences per seed and their mean."""
+    print("| seed | run | training bytes | FLOPs | 64 sequences (compare) | 418 sequences | 89 documents | "
+          "rate, 64 | word-start precision / recall, 64 |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for s, runs in rows.items():
+        for k, r in runs.items():
+            print(f"| {s} | {names[k]} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3e} | {r['compare']:.4f} | "
+                  f"{r['sequences']['bpb']:.4f} | {r['documents']:.4f} | {r['rate']:.3f} | "
+                  f"{r['precision']:.3f} / {r['recall']:.3f} |")
+    print()
+    print("| seed | difference | 64 sequences | 418 sequences (± paired SE over sequences) | 89 documents |")
+    print("|---:|---|---:|---:|---:|")
+    per_seed = {pair: [] for pair in pairs}  # each seed's difference on the 64, the 418 and the 89
+    for s, runs in rows.items():
+        for a, b in pairs:
+            x, y = runs[a], runs[b]
+            d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
+                                 y["sequences"]["sequence_bytes"])
+            per_seed[a, b].append((x["compare"] - y["compare"], d, x["documents"] - y["documents"]))
+            print(f"| {s} | {short[a]} - {short[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
+                  f"{x['documents'] - y['documents']:+.4f} |")
+    if len(rows) > 1:  # the mean over the seeds, ± its standard error over them
+        for a, b in pairs:
+            cells = [mean_and_se([v[k] for v in per_seed[a, b]]) for k in range(3)]
+            print(f"| mean of {len(rows)}, ± SE over seeds | {short[a]} - {short[b]} | "
+                  + " | ".join(f"{m:+.4f} ± {se:.4f}" for m, se in cells) + " |")
+
+
 NAMES = {"rule": "word starts + probe", "paper": "learned, paper's estimator + probe",
          "two_draws": "learned, two draws for the first 106 steps + probe"}
 SHORT = {"rule": "word starts", "paper": "paper's estimator", "two_draws": "two draws first"}
-print("| seed | run | training bytes | FLOPs | 64 sequences (compare) | 418 sequences | 89 documents | "
-      "rate, 64 | word-start precision / recall, 64 |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-rows = {}
-for s in seeds:
-    old = section23(s)
-    rows[s] = {
-        "rule": scores(old / "compare_word_start/results.json", old / f"sequences/x2_ws_wsl_s{s}.json",
-                       old / "eval/table1.json", 0),
-        "paper": scores(old / "compare_learned/results.json", old / f"sequences/x2_d1r169_wsl_s{s}.json",
-                        old / "eval/table1.json", 1),
-        # seeds 1 and 3 ran with first_steps.patch (x2gu_*), seeds 0 and 2 with the option (x2opt_*)
-        "two_draws": scores(here / f"seed{s}/compare/results.json", *here.glob(f"seed{s}/sequences/x2*_s{s}.json"),
-                            here / f"seed{s}/eval/table1.json", 0)}
-    for k, r in rows[s].items():
-        print(f"| {s} | {NAMES[k]} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3e} | {r['compare']:.4f} | "
-              f"{r['sequences']['bpb']:.4f} | {r['documents']:.4f} | {r['rate']:.3f} | "
-              f"{r['precision']:.3f} / {r['recall']:.3f} |")
-print()
-print("| seed | difference | 64 sequences | 418 sequences (± paired SE over sequences) | 89 documents |")
-print("|---:|---|---:|---:|---:|")
-PAIRS = (("two_draws", "rule"), ("two_draws", "paper"), ("paper", "rule"))
-per_seed = {pair: [] for pair in PAIRS}  # each seed's difference on the 64, the 418 and the 89
-for s in seeds:
-    for a, b in PAIRS:
-        x, y = rows[s][a], rows[s][b]
-        d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
-                             y["sequences"]["sequence_bytes"])
-        per_seed[a, b].append((x["compare"] - y["compare"], d, x["documents"] - y["documents"]))
-        print(f"| {s} | {SHORT[a]} - {SHORT[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
-              f"{x['documents'] - y['documents']:+.4f} |")
-if len(seeds) > 1:  # the mean over the seeds, ± its standard error over them
-    for a, b in PAIRS:
-        cells = [mean_and_se([v[k] for v in per_seed[a, b]]) for k in range(3)]
-        print(f"| mean of {len(seeds)}, ± SE over seeds | {SHORT[a]} - {SHORT[b]} | "
-              + " | ".join(f"{m:+.4f} ± {se:.4f}" for m, se in cells) + " |")
+
+if __name__ == "__main__":
+    print_tables({int(s): section27_runs(int(s)) for s in sys.argv[1:]}, NAMES, SHORT,
+                 (("two_draws", "rule"), ("two_draws", "paper"), ("paper", "rule")))
