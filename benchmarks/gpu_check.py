@@ -376,6 +376,7 @@ def figure_attention(args, sizes: Sizes, device: torch.device, work: Path) -> di
     from learntok.model.layers import attention_pattern
     from learntok.model.resample import boundary_positions
 
+    @torch.compile(backend=sizes.compile_backend)  # as in the compiled stacks; a graph per variant, six in all
     def attend(q, k, v, window, cap, kernel):
         if kernel == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -116,3 +116,47 @@ def test_flex_window_computes_two_key_blocks_per_query_block():
     visited = (mask.kv_num_blocks + mask.full_kv_num_blocks)[0, 0]  # key blocks computed per query block
     assert visited.tolist() == [1, 2, 2, 2]
     assert int(visited[-1]) * 128 == 256
+
+
+
+def compiled_flex_stack_against_eager(window: int | None, backend: str, lengths: tuple[int, ...], device: str = "cpu",
+                                     head_dim: int = 16, atol: float = 1e-5) -> None:
+    """A stack of two FlexAttention blocks compiled by `backend` against itself eager, on rows of each of
+    `lengths` positions: the same outputs, on CUDA (where FlexAttention has a backward) the same input
+    gradients too, and no graph break."""
+    from torch._dynamo.utils import counters
+    from learntok.model.layers import Stack
+
+    torch.manual_seed(0)
+    width = 2 * head_dim
+    stack = Stack(2, width, 2, 2 * width, window, 50.0, 10_000.0, kernel="flex").to(device)
+    compiled = torch.compile(stack, backend=backend)
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(1)
+    gradients = device != "cpu"
+    with torch.set_grad_enabled(gradients):
+        for T in lengths:  # lengths vary as the token level's do
+            x = torch.randn(2, T, width, generator=g).to(device).requires_grad_(gradients)
+            positions = torch.arange(T, device=device).expand(2, T)
+            out, expected = compiled(x, positions), stack(x, positions)
+            assert torch.allclose(out, expected, atol=atol)
+            if gradients:
+                dy = torch.randn_like(out)
+                assert torch.allclose(*(torch.autograd.grad(y, x, dy)[0] for y in (out, expected)), atol=atol)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("window", [8, None])
+def test_flex_attention_compiles_into_a_stack_without_graph_breaks(window):
+    """`train.compile` traces a stack's blocks as one graph. FlexAttention must not break it: a break in the
+    loop over the blocks sends the whole stack back to eager, one small graph per piece. aot_eager traces
+    what inductor would be given."""
+    compiled_flex_stack_against_eager(window, "aot_eager", (64, 80))
+
+
+@pytest.mark.slow
+def test_flex_attention_compiled_by_inductor_in_a_stack_equals_eager():
+    """Inductor's CPU FlexAttention kernel read q, k, v wrong when they came non-contiguous from the RoPE
+    inside the graph (0.04-0.7 off); `flex_attention` hands it contiguous ones."""
+    compiled_flex_stack_against_eager(8, "inductor", (64, 80))

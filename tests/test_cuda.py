@@ -10,7 +10,7 @@ from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
-from test_attention import dense_reference, qkv
+from test_attention import compiled_flex_stack_against_eager, dense_reference, qkv
 from test_train import check_compiled_stacks_do_not_recompile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -95,3 +95,10 @@ def test_compiled_stacks_do_not_recompile_on_cuda(tmp_path, keep_threads):
     """train.compile with inductor on the device; its kernels round differently from eager ones, so a
     boundary may flip: the token counts are not compared, the losses within 1e-3."""
     check_compiled_stacks_do_not_recompile(tmp_path, rtol=1e-3, atol=1e-4, same_tokens=False, device="cuda")
+
+
+@pytest.mark.parametrize("window", [64, None])
+def test_flex_attention_compiles_into_a_stack_on_cuda(window):
+    """What `train.compile` does with model.attention=flex: the stack one graph with the attention in it,
+    forward and backward as eager's (head dim 64: Inductor picks the backward's tiles by head dim)."""
+    compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3)

@@ -133,27 +133,35 @@ _compiled_flex = None
 def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tensor:
     """Sliding-window (`window` keys) or full (`window` None) causal attention over (B, H, T, hd) through
     FlexAttention. Key blocks (`FLEX_BLOCK` x `FLEX_BLOCK` positions) that are wholly masked are skipped,
-    so the window costs O(T * (W + FLEX_BLOCK)): a 64-byte window computes 256 keys per query. Compiled
-    on CUDA (the block masks are cached per length; the token level sees few lengths, multiples of
-    `model.token_multiple`); on a CPU it runs FlexAttention's unfused reference, for tests."""
+    so the window costs O(T * (W + FLEX_BLOCK)): a 64-byte window computes 256 keys per query. Inside a
+    compiled graph (`train.compile`) the block mask and the attention are part of the graph; called eagerly
+    on CUDA it compiles FlexAttention alone (the block masks cached per length; the token level sees few
+    lengths, multiples of `model.token_multiple`); on a CPU it runs FlexAttention's unfused reference, for tests."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    T = q.shape[2]
-    key = (window, T, str(q.device))
-    if key not in _FLEX_BLOCK_MASKS:
-        if window is None:
-            def mask_mod(b, h, q_idx, kv_idx):
-                return kv_idx <= q_idx
-        else:
-            def mask_mod(b, h, q_idx, kv_idx):
-                return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
-        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
+    if window is None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score if cap is None else cap * torch.tanh(score / cap)
 
+    T = q.shape[2]
+    if torch.compiler.is_compiling():
+        # no warnings filter (it breaks the graph, and a break in a stack's loop over its blocks sends the
+        # whole stack back to eager, a small graph per piece) and no mask cache (keyed by the length, it would
+        # recompile per length). Contiguous q, k, v: Inductor's CPU kernel misreads the layout the RoPE
+        # leaves them in (torch 2.13); on CUDA it only fixes the layout the RoPE's kernel writes.
+        block_mask = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
+        return flex(q.contiguous(), k.contiguous(), v.contiguous(), score_mod=score_mod, block_mask=block_mask)
+    key = (window, T, str(q.device))
+    if key not in _FLEX_BLOCK_MASKS:
+        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
     if q.is_cuda:
         if _compiled_flex is None:
             # automatic dynamic shapes: the token level's length changes from batch to batch, and one
