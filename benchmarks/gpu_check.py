@@ -540,10 +540,19 @@ def warning_stacks(text: str):
 
 
 def calling_line(stack: list[traceback.FrameSummary]) -> str:
-    """file:line of the innermost learntok frame of a stack (where our code asked for what happened), else of
-    the innermost frame."""
-    ours = [f for f in stack if is_learntok_file(f.filename)] or stack
-    return f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
+    """file:line of the innermost learntok frame of a stack (where our code asked for what happened). Without
+    one, the innermost frame, after the PyTorch function that the innermost frame outside PyTorch called
+    (`clip_grad.py:NN > __init__.py:NN`: which of torch's entry points led there)."""
+    ours = [f for f in stack if is_learntok_file(f.filename)]
+    if ours:
+        return where(ours[-1])
+    outside = [i for i, f in enumerate(stack) if "torch" not in Path(f.filename).parts]
+    entry = stack[outside[-1] + 1] if outside and outside[-1] + 1 < len(stack) - 1 else None
+    return f"{where(entry)} > {where(stack[-1])}" if entry else where(stack[-1])
+
+
+def where(frame: traceback.FrameSummary) -> str:
+    return f"{Path(frame.filename).name}:{frame.lineno}"
 
 
 def is_learntok_file(filename: str) -> bool:

@@ -144,6 +144,9 @@ def test_a_host_sync_is_placed_at_the_innermost_line_of_learntok():
              frame(str(package / "boundaries" / "learned.py"), 180, "sample"), frame("/y/torch/cuda/__init__.py", 1270, "f")]
     assert calling_line(stack) == "learned.py:180"
     assert calling_line(stack[:1] + stack[3:]) == "__init__.py:1270"  # no frame of ours: the innermost
+    # and the PyTorch function our code called, when the innermost frame is deeper
+    in_torch = [frame("/y/torch/nn/utils/clip_grad.py", 40, "clip"), frame("/y/torch/utils/_foreach.py", 9, "g")]
+    assert calling_line(stack[:1] + in_torch + stack[3:]) == "clip_grad.py:40 > __init__.py:1270"
 
 
 def test_warning_stacks_keep_the_caller_of_a_matching_warning():
