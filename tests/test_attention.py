@@ -118,7 +118,6 @@ def test_flex_window_computes_two_key_blocks_per_query_block():
     assert int(visited[-1]) * 128 == 256
 
 
-
 def compiled_flex_stack_against_eager(window: int | None, backend: str, lengths: tuple[int, ...], device: str = "cpu",
                                      head_dim: int = 16, atol: float = 1e-5) -> None:
     """A stack of two FlexAttention blocks compiled by `backend` against itself eager, on rows of each of
