@@ -102,3 +102,5 @@ def test_flex_attention_compiles_into_a_stack_on_cuda(window):
     """What `train.compile` does with model.attention=flex: the stack one graph with the attention in it,
     forward and backward as eager's (head dim 64: Inductor picks the backward's tiles by head dim)."""
     compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3)
+    compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3,
+                                      dynamic=True)  # as scoring compiles

@@ -130,7 +130,7 @@ _FLEX_BLOCK_MASKS: dict[tuple, object] = {}
 _compiled_flex = None
 
 
-def flex_attention(q, k, v, window: int | None, cap: float | None) -> torch.Tensor:
+def flex_attention(q, k, v, window: int | None, cap: float | torch.Tensor | None) -> torch.Tensor:
     """Sliding-window (`window` keys) or full (`window` None) causal attention over (B, H, T, hd) through
     FlexAttention. Key blocks (`FLEX_BLOCK` x `FLEX_BLOCK` positions) that are wholly masked are skipped,
     so the window costs O(T * (W + FLEX_BLOCK)): a 64-byte window computes 256 keys per query. Inside a
@@ -183,7 +183,7 @@ def causal_attention(q, k, v, cap: float | None) -> torch.Tensor:
     return _attend(q, k, v, mask, cap)
 
 
-def attention_pattern(q, k, v, window: int | None, cap: float | None, kernel: str) -> torch.Tensor:
+def attention_pattern(q, k, v, window: int | None, cap: float | torch.Tensor | None, kernel: str) -> torch.Tensor:
     """Causal attention over (B, H, T, hd), in a sliding window of `window` keys or over all earlier positions
     (`window` None), with the `kernel` a model's `attention` names (blocked | flex)."""
     if kernel == "flex":
@@ -246,6 +246,9 @@ class Attention(nn.Module):
         self.head_dim = d_model // n_heads
         self.window = window  # None: full causal attention
         self.cap = cap
+        # FlexAttention inside a compiled graph takes the softcap as a tensor: compiled with dynamic=True (scoring)
+        # the float attribute turns symbolic, which it refuses, and a tensor made from it in the graph has no CPU kernel
+        self.register_buffer("cap_tensor", None if cap is None else torch.tensor(float(cap)), persistent=False)
         self.kernel = kernel  # blocked | flex (see the module docstring)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
@@ -269,7 +272,7 @@ class Attention(nn.Module):
     def _pattern(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """This layer's attention pattern over (B, H, T, hd) -> (B, T, H * hd), before the output projection."""
         B, H, T, hd = q.shape
-        y = attention_pattern(q, k, v, self.window, self.cap, self.kernel)
+        y = attention_pattern(q, k, v, self.window, self.cap_tensor if self.kernel == "flex" else self.cap, self.kernel)
         return y.transpose(1, 2).reshape(B, T, H * hd)
 
     # --- incremental inference: `prefill` is `forward` that also fills the cache, `step` adds one position
