@@ -6,11 +6,13 @@ same setting, seeds, budget and 64 held-out sequences), and the paper's estimato
 """
 
 import json
+import math
 import statistics
 from pathlib import Path
 
 from learntok.compare.report import bpb_difference
 from learntok.compare.run import RunResult
+from learntok.eval.benchmarks import mean_and_se
 
 HERE = Path(__file__).parent
 SECTION25 = json.loads((HERE / "../../which_segmentation/base_d1r169_wsl-gu20_d1r169_wsl.json").read_text())
@@ -27,9 +29,11 @@ def precision(run: RunResult) -> float:
 
 
 def mean_se(values: list[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:+.3f}" if values else ""
-    return f"{statistics.mean(values):+.3f} ± {statistics.stdev(values) / len(values) ** 0.5:.3f}"
+    """The mean ± its standard error over seeds (the mean alone for one value)."""
+    if not values:
+        return ""
+    m, se = mean_and_se(values)
+    return f"{m:+.3f}" if math.isnan(se) else f"{m:+.3f} ± {se:.3f}"
 
 
 seeds = [row["seed"] for row in SECTION25["seeds"]]
@@ -37,8 +41,7 @@ paper = {row["seed"]: (row["bpb"][0], row["boundaries"][0]["word_start_precision
          for row in SECTION25["seeds"]}
 start98 = {row["seed"]: (row["bpb"][1], row["boundaries"][1]["word_start_precision"], row["training_bytes"][1])
            for row in SECTION25["seeds"]}
-short = {name: {s: load(name, s) for s in seeds} for name in ("gu50", "gu25")}
-short = {name: {s: (r.bpb, precision(r), r.bytes) for s, r in runs.items() if r} for name, runs in short.items()}
+short = {name: {s: (r.bpb, precision(r), r.bytes) for s in seeds if (r := load(name, s))} for name in ("gu50", "gu25")}
 columns = [("the paper's estimator (section 25)", paper), ("two draws, 98 steps (section 25)", start98),
            ("two draws, 50 steps", short["gu50"]), ("two draws, 25 steps", short["gu25"])]
 
