@@ -85,4 +85,5 @@ for s in seeds:
         run = load(name, s)
         d = bpb_difference([run], [base]) if run else None
         cells.append(f"{d['difference']:+.3f} ± {d['se_text']:.3f}" if d else "")
-    print(f"| {s} | {base.bpb:.4f} ({precision(base):.2f}) | {paper[s][0]:.4f} ({paper[s][1]:.2f}) | {' | '.join(cells)} |")
+    print(f"| {s} | {base.bpb:.4f} ({precision(base):.2f}) | {paper[s][0]:.4f} ({paper[s][1]:.2f}) | "
+          + " | ".join(cells) + " |")
