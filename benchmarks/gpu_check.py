@@ -519,7 +519,10 @@ def host_syncs(run, device: torch.device) -> dict | None:
             torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
     where = collections.Counter(calling_line(stack) for stack in stacks)
-    return {"count": len(stacks), "where": where.most_common(5)}
+    # a sync with no learntok frame on its stack: its innermost frames, so that the report can place it
+    unplaced = collections.Counter(stack_tail(stack) for stack in stacks
+                                   if not any(is_learntok_file(f.filename) for f in stack))
+    return {"count": len(stacks), "where": where.most_common(5), "unplaced": unplaced.most_common(3)}
 
 
 @contextlib.contextmanager
@@ -553,6 +556,18 @@ def calling_line(stack: list[traceback.FrameSummary]) -> str:
 
 def where(frame: traceback.FrameSummary) -> str:
     return f"{Path(frame.filename).name}:{frame.lineno}"
+
+
+def stack_tail(stack: list[traceback.FrameSummary], depth: int = 8) -> str:
+    """The innermost `depth` frames of a stack, innermost first, each as path:line function with the path from
+    its package folder on (`torch/cuda/__init__.py:1270 synchronize`): `where` alone cannot tell which
+    `__init__.py` a line is in."""
+    def short(frame):
+        parts = Path(frame.filename).parts
+        packages = [i for i, part in enumerate(parts) if part in ("torch", "learntok", "benchmarks")]
+        start = packages[-1] if packages else len(parts) - 1
+        return f"{'/'.join(parts[start:])}:{frame.lineno} {frame.name}"
+    return " < ".join(short(frame) for frame in reversed(stack[-depth:])) or "(no Python frame)"
 
 
 def is_learntok_file(filename: str) -> bool:
@@ -860,6 +875,9 @@ def render_figures(fig: dict) -> list[str]:
             out += [f"GPU busy (kernel time / step time): learned {fmt(busy['learned'], '.0%')}, uniform "
                     f"{fmt(busy['uniform'], '.0%')}. Host syncs per step: "
                     + "; ".join(f"{k} {v['count']} ({where[k] or 'none'})" for k, v in syncs.items() if v), ""]
+            for k, v in syncs.items():
+                for tail, n in (v or {}).get("unplaced", []):
+                    out += [f"A {k} sync with no learntok frame (x{n}), innermost frame first: `{tail}`", ""]
         sources = tp.get("sync_sources") or {}
         if sources:
             out += ["Synchronising CUDA calls per step in the profiled steps, by learntok function and operation: "

@@ -149,6 +149,33 @@ def test_a_host_sync_is_placed_at_the_innermost_line_of_learntok():
     assert calling_line(stack[:1] + in_torch + stack[3:]) == "clip_grad.py:40 > __init__.py:1270"
 
 
+def test_a_sync_outside_learntok_is_shown_with_its_innermost_frames():
+    import traceback
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import stack_tail
+    frame = traceback.FrameSummary
+    stack = [frame("/x/benchmarks/throughput.py", 90, "work"), frame("/y/torch/nn/utils/clip_grad.py", 40, "clip"),
+             frame("/y/torch/cuda/__init__.py", 1270, "f")]
+    assert stack_tail(stack) == ("torch/cuda/__init__.py:1270 f < torch/nn/utils/clip_grad.py:40 clip"
+                                 " < benchmarks/throughput.py:90 work")
+    assert stack_tail(stack, depth=1) == "torch/cuda/__init__.py:1270 f"
+    assert stack_tail([]) == "(no Python frame)"
+
+
+def test_the_report_renders_an_h200_run_and_shows_a_sync_it_cannot_place():
+    """The figures of a real GPU run (kept in benchmarks/gpu/), with the stack tail of a sync that has no
+    learntok frame added as the report now records it."""
+    import json
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import render_figures
+    figures = json.loads((ROOT / "benchmarks/gpu/h200-2026-11-28/part_figures.json").read_text())["result"]
+    figures["throughput"]["host_syncs"]["learned"]["unplaced"] = [["torch/cuda/__init__.py:1270 f < x.py:3 g", 1]]
+    text = "\n".join(render_figures(figures))
+    assert "learned / uniform step time: 1.089" in text and "MFU 15.5%" in text
+    assert "Host syncs per step: learned 2 (__init__.py:1270 x1, resample.py:33 x1); uniform 1" in text
+    assert "A learned sync with no learntok frame (x1), innermost frame first: `torch/cuda/__init__.py:1270 f < x.py:3 g`" in text
+
+
 def test_warning_stacks_keep_the_caller_of_a_matching_warning():
     import warnings
     sys.path.insert(0, str(ROOT / "benchmarks"))
