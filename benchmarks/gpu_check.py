@@ -347,6 +347,7 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["learned_other_kernels"] = top_other_kernels(learned["kernel_ms"])
         result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
         result["sync_sources"] = {"learned": learned["sync_sources"], "uniform": uniform["sync_sources"]}
+        result["runtime_call_difference"] = runtime_call_difference(learned["runtime_calls"], uniform["runtime_calls"])
         say(result["profile"])
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
@@ -439,10 +440,27 @@ def profile_steps(run, step_s: float, device: torch.device, steps: int = 3) -> d
     kernel_ms = {e.key: e.self_device_time_total / 1e3 / steps for e in averages if e.device_type == DeviceType.CUDA}
     return {"table": averages.table(sort_by=key, row_limit=15, max_name_column_width=60), "kernel_ms": kernel_ms,
             "device_busy": sum(kernel_ms.values()) / 1e3 / step_s if kernel_ms else None,
-            "sync_sources": sync_sources(prof.events(), steps)}
+            "sync_sources": sync_sources(prof.events(), steps), "runtime_calls": runtime_calls(prof.events(), steps)}
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]\w*$")  # the CUDA runtime's and driver's API calls: cudaLaunchKernel, cuLaunchKernel
+
+
+def runtime_calls(events, steps: int) -> dict:
+    """{CUDA runtime or driver call: calls per step} in a profile of `steps` steps. Learned's against
+    uniform's says what host work learned adds (launches, copies, allocations, a sync that CUDA's sync debug
+    mode reports but places only at the next Python call)."""
+    import collections
+    counts = collections.Counter(e.name for e in events if RUNTIME_CALL.match(e.name))
+    return {name: n / steps for name, n in sorted(counts.items())}
+
+
+def runtime_call_difference(learned: dict, uniform: dict) -> list:
+    """[[call, learned per step, uniform per step]] for the calls whose counts differ, the largest difference first."""
+    names = [k for k in sorted(set(learned) | set(uniform)) if learned.get(k, 0) != uniform.get(k, 0)]
+    names.sort(key=lambda k: -abs(learned.get(k, 0) - uniform.get(k, 0)))
+    return [[k, learned.get(k, 0.0), uniform.get(k, 0.0)] for k in names]
 PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\(\d+\): (?P<function>.+)$")  # a with_stack profile's Python events
 
 
@@ -883,6 +901,11 @@ def render_figures(fig: dict) -> list[str]:
             out += ["Synchronising CUDA calls per step in the profiled steps, by learntok function and operation: "
                     + "; ".join(f"{k}: " + (", ".join(f"{fn or '(no learntok frame)'} {op} x{n:g}" for fn, op, n in v)
                                            or "none") for k, v in sources.items()), ""]
+        calls = tp.get("runtime_call_difference")
+        if calls:
+            out += ["CUDA runtime calls per step whose count differs between learned and uniform:", "",
+                    "| call | learned | uniform |", "|---|---|---|"]
+            out += [f"| {name} | {a:g} | {b:g} |" for name, a, b in calls] + [""]
         by_kind = tp.get("kernel_ms_by_kind") or {}
         if by_kind.get("learned"):
             out += ["Kernel time per step by kind (ms):", "", "| kind | learned | uniform |", "|---|---|---|"]

@@ -253,6 +253,22 @@ def test_a_sync_is_named_by_its_learntok_function_and_operation():
                                              ["unet.py forward", "aten::nonzero", 0.5], ["", "aten::item", 0.5]]
 
 
+def test_runtime_calls_are_counted_per_step_and_compared():
+    from types import SimpleNamespace
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import render_figures, runtime_call_difference, runtime_calls
+    names = ["cudaLaunchKernel"] * 6 + ["cuLaunchKernel", "cudaMemcpyAsync", "aten::to", "cudnn_convolution"]
+    learned = runtime_calls([SimpleNamespace(name=n) for n in names], steps=2)
+    assert learned == {"cuLaunchKernel": 0.5, "cudaLaunchKernel": 3.0, "cudaMemcpyAsync": 0.5}  # no operations
+    uniform = {"cudaLaunchKernel": 2.0, "cuLaunchKernel": 0.5}
+    difference = runtime_call_difference(learned, uniform)
+    assert difference == [["cudaLaunchKernel", 3.0, 2.0], ["cudaMemcpyAsync", 0.5, 0.0]]
+    import json
+    figures = json.loads((ROOT / "benchmarks/gpu/h200-2026-11-28/part_figures.json").read_text())["result"]
+    figures["throughput"]["runtime_call_difference"] = difference
+    assert "| cudaMemcpyAsync | 0.5 | 0 |" in "\n".join(render_figures(figures))
+
+
 def test_attended_pairs_count_the_unmasked_entries_of_the_pattern():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check import attended_pairs
