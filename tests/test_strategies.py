@@ -476,6 +476,24 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
     assert all("loss_policy" in r and "loss_target" in r and "loss_imitate" not in r for r in learning)
 
 
+@pytest.mark.parametrize("centering", ["group_loo", "draw"])
+def test_copying_a_rule_draws_once(centering, tmp_path, one_thread):
+    """The rule's boundaries are the same in every draw, so while the policy copies it a sequence gets one
+    draw (no group, no second draw for `batch_centering=draw`); the draws come back when it starts learning."""
+    group = 2 if centering == "group_loo" else 1
+    trainer = trainer_on_text("learned", 4, tmp_path, group_size=group,
+                              learned={"imitate": "word_start", "imitate_until": 0.5, "batch_centering": centering})
+    model, strategy = trainer.model, trainer.model.boundaries
+    rows = []
+    for _ in range(4):  # steps 1-2 copy the rule, 3-4 learn
+        rows += train_a_few_steps("learned", 1, trainer=trainer)
+        copying = "loss_imitate" in rows[-1]
+        assert model.draws == (1 if copying else group) and strategy.centering == ("mean" if copying and group > 1 else centering)
+        assert (strategy.baseline_draw_rows(4) is None) == (copying or centering != "draw")
+        assert ("advantage_std" in rows[-1]) != copying and all(math.isfinite(v) for v in rows[-1].values())
+    assert ["loss_imitate" in r for r in rows] == [True, True, False, False]
+
+
 def test_a_run_that_imitates_resumes_exactly(tmp_path):
     """The imitation's end is read from the bytes seen, so a run resumed inside it switches at the same step."""
     from conftest import memory_data

@@ -25,7 +25,8 @@ Beyond the paper, `imitate`: for the first `imitate_until` of the training bytes
 rule's boundaries (`whitespace` or `word_start`) instead of sampling, and the policy loss is the
 cross-entropy of the policy against them (the target-rate loss is off), so the language model trains on the
 rule and the policy copies it; from then on the policy samples and learns as above, starting from the
-rule. Evaluation always samples the policy.
+rule. While it copies, each sequence gets one draw (a group's or `draw`'s second draws would be the rule
+again). Evaluation always samples the policy.
 
 Beyond the paper, `group_until_bytes`: with `boundaries.group_size` K >= 2 and a group centering, each
 sequence gets K draws centred on each other for the first `group_until_bytes` training bytes only, then
@@ -152,13 +153,15 @@ class LearnedPolicy(BoundaryStrategy):
 
     @property
     def draws(self) -> int:
-        return self.cfg.group_size if self.grouping else 1
+        """Training draws per sequence now: `group_size` until `group_until_bytes`, but one while the policy
+        copies a rule (`imitate`), whose draws would all be the same."""
+        return self.cfg.group_size if self.grouping and not self.imitating else 1
 
     @property
     def centering(self) -> str:
-        """The advantage baseline now: `batch_centering`, and the batch mean once a group's draws have ended
-        (`group_until_bytes`): with one draw per sequence there is no other draw to centre on."""
-        return self.options.batch_centering if self.grouping else "mean"
+        """The advantage baseline now: `batch_centering`, and the batch mean while a group draws once
+        (`group_until_bytes`, `imitate`): with one draw per sequence there is no other draw to centre on."""
+        return self.options.batch_centering if self.draws == self.cfg.group_size else "mean"
 
     def scaled_logit_terms(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """base_i = W_0 X_i / D + logit(target) (B, T) and lag_{i,j} = W_j X_i / D (B, T, w)."""
@@ -253,7 +256,7 @@ class LearnedPolicy(BoundaryStrategy):
     def baseline_draw_rows(self, rows: int) -> torch.Tensor | None:
         """Every (1 / draw_share)-th row: row i where floor((i + 1) s) > floor(i s), so that a batch split
         into micro-batches gives the same rows their second draw."""
-        if self.options.batch_centering != "draw":
+        if self.options.batch_centering != "draw" or self.imitating:  # a rule copied: the second draw is the same
             return None
         i = torch.arange(rows + 1, dtype=torch.float64)
         steps = torch.floor(i * self.options.draw_share + 1e-9)
@@ -285,9 +288,12 @@ class LearnedPolicy(BoundaryStrategy):
 
     def metrics(self, bnd: PolicyBoundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         decide = self._decide(inp)
+        policy = {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.logits.detach()), decide),
+                  "mean_prob": masked_mean(bnd.probs.detach(), decide)}
+        if self.imitating:  # no rewards in play (nor a second draw's, with batch_centering=draw)
+            return policy
         # the advantages over the batch the metrics see (with several ranks: this rank's rows)
         adv = policy_advantages(self._rewards(inp), decide, inp.valid, gamma=self.options.gamma,
                                 centering=self.centering, group=inp.group)
-        return {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.logits.detach()), decide),
-                "mean_prob": masked_mean(bnd.probs.detach(), decide),
-                "advantage_std": (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()}
+        spread = (masked_mean(adv.pow(2), decide) - masked_mean(adv, decide).pow(2)).clamp(min=0).sqrt()
+        return policy | {"advantage_std": spread}
