@@ -444,23 +444,6 @@ def profile_steps(run, step_s: float, device: torch.device, steps: int = 3) -> d
 
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]\w*$")  # the CUDA runtime's and driver's API calls: cudaLaunchKernel, cuLaunchKernel
-
-
-def runtime_calls(events, steps: int) -> dict:
-    """{CUDA runtime or driver call: calls per step} in a profile of `steps` steps. Learned's against
-    uniform's says what host work learned adds (launches, copies, allocations, a sync that CUDA's sync debug
-    mode reports but places only at the next Python call)."""
-    import collections
-    counts = collections.Counter(e.name for e in events if RUNTIME_CALL.match(e.name))
-    return {name: n / steps for name, n in sorted(counts.items())}
-
-
-def runtime_call_difference(learned: dict, uniform: dict) -> list:
-    """[[call, learned per step, uniform per step]] for the calls whose counts differ, the largest difference first."""
-    names = [k for k in sorted(set(learned) | set(uniform)) if learned.get(k, 0) != uniform.get(k, 0)]
-    names.sort(key=lambda k: -abs(learned.get(k, 0) - uniform.get(k, 0)))
-    return [[k, learned.get(k, 0.0), uniform.get(k, 0.0)] for k in names]
 PYTHON_FRAME = re.compile(r"^(?P<file>.+\.py)\(\d+\): (?P<function>.+)$")  # a with_stack profile's Python events
 
 
@@ -487,6 +470,25 @@ def sync_sources(events, steps: int) -> list:
         if operation or event.name != "cudaDeviceSynchronize":
             counts[(function, operation or event.name)] += 1
     return [[function, operation, n / steps] for (function, operation), n in counts.most_common()]
+
+
+RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]\w*$")  # CUDA runtime and driver calls: cudaLaunchKernel, cuLaunchKernel
+
+
+def runtime_calls(events, steps: int) -> dict:
+    """{CUDA runtime or driver call: calls per step} in a profile of `steps` steps. Learned's against
+    uniform's says what host work learned adds (launches, copies, allocations, a sync that CUDA's sync debug
+    mode reports but places only at the next Python call)."""
+    import collections
+    counts = collections.Counter(e.name for e in events if RUNTIME_CALL.match(e.name))
+    return {name: n / steps for name, n in sorted(counts.items())}
+
+
+def runtime_call_difference(learned: dict, uniform: dict) -> list:
+    """[[call, learned per step, uniform per step]] for the calls whose counts differ, the largest difference first."""
+    names = [k for k in sorted(set(learned) | set(uniform)) if learned.get(k, 0) != uniform.get(k, 0)]
+    names.sort(key=lambda k: -abs(learned.get(k, 0) - uniform.get(k, 0)))
+    return [[k, learned.get(k, 0.0), uniform.get(k, 0.0)] for k in names]
 
 
 def kernel_difference(learned: dict, uniform: dict, top: int = 10) -> list:
@@ -578,7 +580,7 @@ def where(frame: traceback.FrameSummary) -> str:
 
 def stack_tail(stack: list[traceback.FrameSummary], depth: int = 8) -> str:
     """The innermost `depth` frames of a stack, innermost first, each as path:line function with the path from
-    its package folder on (`torch/cuda/__init__.py:1270 synchronize`): `where` alone cannot tell which
+    its package folder on (`torch/nn/utils/clip_grad.py:40 clip_grad_norm_`): `where` alone cannot tell which
     `__init__.py` a line is in."""
     def short(frame):
         parts = Path(frame.filename).parts
