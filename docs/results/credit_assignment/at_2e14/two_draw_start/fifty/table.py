@@ -10,22 +10,22 @@ import sys
 from pathlib import Path
 
 here = Path(__file__).parent
-spec = importlib.util.spec_from_file_location("section27_table", here.parent / "table.py")
-section27 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(section27)
-redrawn = here.parent / "resampled"
+spec = importlib.util.spec_from_file_location("section29_table", here.parent / "resampled" / "table.py")
+section29 = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(section29)
+section27 = section29.section27
 
-NAMES = {**section27.NAMES, "redrawn": "the same, other boundary draws (section 29)",
+NAMES = {**section29.NAMES, "redrawn": "the same, other boundary draws (section 29)",
          "fifty": "learned, two draws for the first 50 steps + probe (this section)"}
-SHORT = {**section27.SHORT, "redrawn": "106 steps, redrawn", "two_draws": "106 steps", "fifty": "50 steps"}
-rows = {}
-for s in (int(a) for a in sys.argv[1:]):
-    rows[s] = section27.section27_runs(s)
-    rows[s]["redrawn"] = section27.scores(redrawn / f"seed{s}/compare/results.json",
-                                          redrawn / f"seed{s}/sequences/x2opt_b1000_s{s}.json",
-                                          redrawn / f"seed{s}/eval/table1.json", 0)
-    rows[s]["fifty"] = section27.scores(here / f"seed{s}/compare/results.json",
-                                        here / f"seed{s}/sequences/x2g50_2e14_s{s}.json",
-                                        here / f"seed{s}/eval/table1.json", 0)
+SHORT = {**section29.SHORT, "two_draws": "106 steps", "redrawn": "106 steps, redrawn", "fifty": "50 steps"}
+
+
+def fifty_run(seed: int) -> dict:
+    return section27.scores(here / f"seed{seed}/compare/results.json",
+                            here / f"seed{seed}/sequences/x2g50_2e14_s{seed}.json", here / f"seed{seed}/eval/table1.json", 0)
+
+
+rows = {s: {**section27.section27_runs(s), "redrawn": section29.redrawn_run(s), "fifty": fifty_run(s)}
+        for s in (int(a) for a in sys.argv[1:])}
 section27.print_tables(rows, NAMES, SHORT, (("fifty", "paper"), ("fifty", "two_draws"), ("fifty", "redrawn"),
                                             ("fifty", "rule"), ("paper", "rule")))

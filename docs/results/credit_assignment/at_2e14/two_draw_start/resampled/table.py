@@ -17,11 +17,15 @@ spec.loader.exec_module(section27)
 NAMES = {**section27.NAMES, "two_draws": "learned, two draws for the first 106 steps + probe (section 27)",
          "redrawn": "the same, other boundary draws (this section)"}
 SHORT = {**section27.SHORT, "two_draws": "two draws first", "redrawn": "two draws first, redrawn"}
-rows = {}
-for s in (int(a) for a in sys.argv[1:]):
-    rows[s] = section27.section27_runs(s)
-    rows[s]["redrawn"] = section27.scores(here / f"seed{s}/compare/results.json",
-                                          here / f"seed{s}/sequences/x2opt_b1000_s{s}.json",
-                                          here / f"seed{s}/eval/table1.json", 0)
-section27.print_tables(rows, NAMES, SHORT, (("redrawn", "two_draws"), ("redrawn", "paper"), ("redrawn", "rule"),
-                                            ("two_draws", "paper"), ("paper", "rule")))
+
+
+def redrawn_run(seed: int) -> dict:
+    """The scores of this section's run of `seed`."""
+    return section27.scores(here / f"seed{seed}/compare/results.json",
+                            here / f"seed{seed}/sequences/x2opt_b1000_s{seed}.json", here / f"seed{seed}/eval/table1.json", 0)
+
+
+if __name__ == "__main__":
+    rows = {s: {**section27.section27_runs(s), "redrawn": redrawn_run(s)} for s in (int(a) for a in sys.argv[1:])}
+    section27.print_tables(rows, NAMES, SHORT, (("redrawn", "two_draws"), ("redrawn", "paper"), ("redrawn", "rule"),
+                                                ("two_draws", "paper"), ("paper", "rule")))
