@@ -488,7 +488,8 @@ def test_copying_a_rule_draws_once(centering, tmp_path, one_thread):
     for _ in range(4):  # steps 1-2 copy the rule, 3-4 learn
         rows += train_a_few_steps("learned", 1, trainer=trainer)
         copying = "loss_imitate" in rows[-1]
-        assert model.draws == (1 if copying else group) and strategy.centering == ("mean" if copying and group > 1 else centering)
+        assert model.draws == (1 if copying else group)
+        assert strategy.centering == ("mean" if copying and group > 1 else centering)
         assert (strategy.baseline_draw_rows(4) is None) == (copying or centering != "draw")
         assert ("advantage_std" in rows[-1]) != copying and all(math.isfinite(v) for v in rows[-1].values())
     assert ["loss_imitate" in r for r in rows] == [True, True, False, False]
