@@ -27,6 +27,14 @@ def scores(compare: Path, sequences: Path, documents: Path, row: int) -> dict:
             "sequences": json.loads(sequences.read_text()), "documents": doc["bpb"]}
 
 
+def seed_folder_scores(folder: Path, seed: int, sequences: str) -> dict:
+    """The scores of a run kept in `folder` as seedS/compare/results.json, seedS/sequences/`sequences` (a file
+    name or a pattern that matches one) and seedS/eval/table1.json."""
+    seed_folder = folder / f"seed{seed}"
+    return scores(seed_folder / "compare/results.json", *seed_folder.glob(f"sequences/{sequences}"),
+                  seed_folder / "eval/table1.json", 0)
+
+
 def section27_runs(seed: int) -> dict:
     """The scores of one seed's rule, paper's estimator (section 23) and two-draw start (this section)."""
     old = section23(seed)
@@ -36,8 +44,7 @@ def section27_runs(seed: int) -> dict:
         "paper": scores(old / "compare_learned/results.json", old / f"sequences/x2_d1r169_wsl_s{seed}.json",
                         old / "eval/table1.json", 1),
         # seeds 1 and 3 ran with first_steps.patch (x2gu_*), seeds 0 and 2 with the option (x2opt_*)
-        "two_draws": scores(here / f"seed{seed}/compare/results.json",
-                            *here.glob(f"seed{seed}/sequences/x2*_s{seed}.json"), here / f"seed{seed}/eval/table1.json", 0)}
+        "two_draws": seed_folder_scores(here, seed, f"x2*_s{seed}.json")}
 
 
 def print_tables(rows: dict, names: dict, short: dict, pairs: tuple) -> None:

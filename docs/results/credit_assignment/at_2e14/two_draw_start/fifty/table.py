@@ -20,12 +20,8 @@ NAMES = {**section29.NAMES, "redrawn": "the same, other boundary draws (section 
 SHORT = {**section29.SHORT, "two_draws": "106 steps", "redrawn": "106 steps, redrawn", "fifty": "50 steps"}
 
 
-def fifty_run(seed: int) -> dict:
-    return section27.scores(here / f"seed{seed}/compare/results.json",
-                            here / f"seed{seed}/sequences/x2g50_2e14_s{seed}.json", here / f"seed{seed}/eval/table1.json", 0)
-
-
-rows = {s: {**section27.section27_runs(s), "redrawn": section29.redrawn_run(s), "fifty": fifty_run(s)}
+rows = {s: {**section27.section27_runs(s), "redrawn": section29.redrawn_run(s),
+            "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
         for s in (int(a) for a in sys.argv[1:])}
 section27.print_tables(rows, NAMES, SHORT, (("fifty", "paper"), ("fifty", "two_draws"), ("fifty", "redrawn"),
                                             ("fifty", "rule"), ("paper", "rule")))

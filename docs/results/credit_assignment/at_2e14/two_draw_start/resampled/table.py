@@ -21,8 +21,7 @@ SHORT = {**section27.SHORT, "two_draws": "two draws first", "redrawn": "two draw
 
 def redrawn_run(seed: int) -> dict:
     """The scores of this section's run of `seed`."""
-    return section27.scores(here / f"seed{seed}/compare/results.json",
-                            here / f"seed{seed}/sequences/x2opt_b1000_s{seed}.json", here / f"seed{seed}/eval/table1.json", 0)
+    return section27.seed_folder_scores(here, seed, f"x2opt_b1000_s{seed}.json")
 
 
 if __name__ == "__main__":
