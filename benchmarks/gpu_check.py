@@ -531,7 +531,8 @@ def host_syncs(run, device: torch.device) -> dict | None:
     if device.type != "cuda":
         return None
     import collections
-    with warning_stacks("synchroniz") as stacks:
+    calls = (torch.autograd, "backward"), (torch.nn.utils, "clip_grad_norm_"), (run.opt, "step")
+    with warning_stacks("synchroniz") as stacks, step_sections(stacks, torch.cuda.get_sync_debug_mode, *calls) as marks:
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run.work()  # not run.step: its own synchronize calls are the timer's
@@ -542,7 +543,52 @@ def host_syncs(run, device: torch.device) -> dict | None:
     # a sync with no learntok frame on its stack: its innermost frames, so that the report can place it
     unplaced = collections.Counter(stack_tail(stack) for stack in stacks
                                    if not any(is_learntok_file(f.filename) for f in stack))
-    return {"count": len(stacks), "where": where.most_common(5), "unplaced": unplaced.most_common(3)}
+    return {"count": len(stacks), "where": where.most_common(5), "unplaced": unplaced.most_common(3),
+            "sections": syncs_by_section(marks, len(stacks))}
+
+
+@contextlib.contextmanager
+def step_sections(stacks: list, surface, *calls):
+    """Cuts a step into sections at the return of each call of `calls` ((object, function name) pairs, the
+    function looked up on the object when called, as `torch.autograd.backward` is by `Tensor.backward`):
+    each return appends (the call's label, how many syncs `stacks` holds then) to the list yielded, after calling
+    `surface` (a call into PyTorch's C++, where a sync warning that C++ held back shows up), so that a sync
+    whose stack cannot place it is placed by the section it came in. A backward is labelled by its caller."""
+    marks = []
+    originals = [(owner, name, getattr(owner, name), name in vars(owner)) for owner, name in calls]
+
+    def marked(name, fn):
+        def call(*args, **kwargs):
+            label = name
+            if name == "backward":  # where it was called from (outside PyTorch, whose Tensor.backward calls it)
+                label += f" at {where([f for f in traceback.extract_stack()[:-1] if not in_torch(f)][-1])}"
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                surface()
+                marks.append((label, len(stacks)))
+        return call
+
+    for owner, name, fn, _ in originals:
+        setattr(owner, name, marked(name, fn))
+    try:
+        yield marks
+    finally:
+        for owner, name, fn, own in originals:
+            if own:
+                setattr(owner, name, fn)
+            else:  # a bound method (an optimizer's step): its class's again
+                delattr(owner, name)
+
+
+def syncs_by_section(marks: list, total: int) -> list:
+    """[label, syncs] for each section of a step (`step_sections`): the syncs that came after the previous
+    mark and by the end of this one; "rest of the step" for those after the last mark."""
+    out, seen = [], 0
+    for label, count in [*marks, ("rest of the step", total)]:
+        out.append([label, count - seen])
+        seen = count
+    return out
 
 
 @contextlib.contextmanager
@@ -569,9 +615,13 @@ def calling_line(stack: list[traceback.FrameSummary]) -> str:
     ours = [f for f in stack if is_learntok_file(f.filename)]
     if ours:
         return where(ours[-1])
-    outside = [i for i, f in enumerate(stack) if "torch" not in Path(f.filename).parts]
+    outside = [i for i, f in enumerate(stack) if not in_torch(f)]
     entry = stack[outside[-1] + 1] if outside and outside[-1] + 1 < len(stack) - 1 else None
     return f"{where(entry)} > {where(stack[-1])}" if entry else where(stack[-1])
+
+
+def in_torch(frame: traceback.FrameSummary) -> bool:
+    return "torch" in Path(frame.filename).parts
 
 
 def where(frame: traceback.FrameSummary) -> str:
@@ -898,6 +948,9 @@ def render_figures(fig: dict) -> list[str]:
             for k, v in syncs.items():
                 for tail, n in (v or {}).get("unplaced", []):
                     out += [f"A {k} sync with no learntok frame (x{n}), innermost frame first: `{tail}`", ""]
+                if (v or {}).get("sections"):
+                    out += [f"{k.capitalize()} syncs by the part of the step they came in (each part ends at the "
+                            f"call named): " + ", ".join(f"{label} x{n}" for label, n in v["sections"]), ""]
         sources = tp.get("sync_sources") or {}
         if sources:
             out += ["Synchronising CUDA calls per step in the profiled steps, by learntok function and operation: "

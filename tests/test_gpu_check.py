@@ -170,10 +170,14 @@ def test_the_report_renders_an_h200_run_and_shows_a_sync_it_cannot_place():
     from gpu_check import render_figures
     figures = json.loads((ROOT / "benchmarks/gpu/h200-2026-11-28/part_figures.json").read_text())["result"]
     figures["throughput"]["host_syncs"]["learned"]["unplaced"] = [["torch/cuda/__init__.py:1270 f < x.py:3 g", 1]]
+    figures["throughput"]["host_syncs"]["learned"]["sections"] = [["backward at accumulate.py:186", 1], ["step", 0],
+                                                                  ["rest of the step", 1]]
     text = "\n".join(render_figures(figures))
     assert "learned / uniform step time: 1.089" in text and "MFU 15.5%" in text
     assert "Host syncs per step: learned 2 (__init__.py:1270 x1, resample.py:33 x1); uniform 1" in text
     assert "A learned sync with no learntok frame (x1), innermost frame first: `torch/cuda/__init__.py:1270 f < x.py:3 g`" in text
+    assert ("Learned syncs by the part of the step they came in (each part ends at the call named): backward at "
+            "accumulate.py:186 x1, step x0, rest of the step x1") in text
 
 
 def test_warning_stacks_keep_the_caller_of_a_matching_warning():
@@ -185,6 +189,34 @@ def test_warning_stacks_keep_the_caller_of_a_matching_warning():
         line = sys._getframe().f_lineno - 1
         warnings.warn("something else")
     assert len(stacks) == 1 and calling_line(stacks[0]) == f"test_gpu_check.py:{line}"
+
+
+def test_a_step_is_cut_into_sections_at_each_backward_and_the_optimizer():
+    """A sync that no stack can place is placed by the part of the step it came in: the sections end where a
+    backward (labelled by its caller), clip_grad_norm_ or the optimizer's step returns."""
+    import warnings
+    import torch
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import step_sections, syncs_by_section, warning_stacks
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    surfaced = []
+    calls = (torch.autograd, "backward"), (torch.nn.utils, "clip_grad_norm_"), (opt, "step")
+    with warning_stacks("synchroniz") as stacks, step_sections(stacks, lambda: surfaced.append(1), *calls) as marks:
+        (w * 2).sum().backward()
+        line = sys._getframe().f_lineno - 1
+        warnings.warn("called a synchronizing CUDA operation")  # comes in the second backward's section
+        (w ** 2).sum().backward()
+        torch.nn.utils.clip_grad_norm_([w], 1.0)
+        opt.step()
+        warnings.warn("called a synchronizing CUDA operation")
+    assert syncs_by_section(marks, len(stacks)) == [
+        [f"backward at test_gpu_check.py:{line}", 0], [f"backward at test_gpu_check.py:{line + 3}", 1],
+        ["clip_grad_norm_", 0], ["step", 0], ["rest of the step", 1]]
+    assert len(surfaced) == 4 and torch.allclose(w.grad, torch.full((3,), 3 ** -0.5))  # the calls ran: 4 each, clipped
+    # and everything is as it was
+    assert "step" not in vars(opt) and torch.autograd.backward.__module__ == "torch.autograd"
+    assert torch.nn.utils.clip_grad_norm_.__name__ == "clip_grad_norm_"
 
 
 def test_kernels_are_summed_by_kind():
