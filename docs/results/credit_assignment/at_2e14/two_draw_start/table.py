@@ -48,7 +48,8 @@ def section27_runs(seed: int) -> dict:
 
 
 def print_tables(rows: dict, names: dict, short: dict, pairs: tuple) -> None:
-    """rows {seed: {run: scores}}: each run's scores, then each pair's differences per seed and their mean."""
+    """rows {seed: {run: scores}}: each run's scores, then each pair's differences per seed (where the seed has
+    both runs) and their mean over seeds."""
     print("| seed | run | training bytes | FLOPs | 64 sequences (compare) | 418 sequences | 89 documents | "
           "rate, 64 | word-start precision / recall, 64 |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -63,16 +64,18 @@ def print_tables(rows: dict, names: dict, short: dict, pairs: tuple) -> None:
     per_seed = {pair: [] for pair in pairs}  # each seed's difference on the 64, the 418 and the 89
     for s, runs in rows.items():
         for a, b in pairs:
+            if a not in runs or b not in runs:  # a run that this seed does not have
+                continue
             x, y = runs[a], runs[b]
             d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
                                  y["sequences"]["sequence_bytes"])
             per_seed[a, b].append((x["compare"] - y["compare"], d, x["documents"] - y["documents"]))
             print(f"| {s} | {short[a]} - {short[b]} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} | "
                   f"{x['documents'] - y['documents']:+.4f} |")
-    if len(rows) > 1:  # the mean over the seeds, ± its standard error over them
-        for a, b in pairs:
+    for a, b in pairs:  # the mean over the seeds that have both runs, ± its standard error over them
+        if len(per_seed[a, b]) > 1:
             cells = [mean_and_se([v[k] for v in per_seed[a, b]]) for k in range(3)]
-            print(f"| mean of {len(rows)}, ± SE over seeds | {short[a]} - {short[b]} | "
+            print(f"| mean of {len(per_seed[a, b])}, ± SE over seeds | {short[a]} - {short[b]} | "
                   + " | ".join(f"{m:+.4f} ± {se:.4f}" for m, se in cells) + " |")
 
 

@@ -4,6 +4,7 @@ the same held-out text: compare's 64 sequences, all 418 packed val sequences (di
 all 89 val documents.
 
     python table.py 0 2 > table.md      (run in this folder; seedS/ holds the new run's scores)
+    python table.py 0 1 2 3 > four_seeds.md   (section 32: seeds 1 and 3 too, which section 29 did not run again)
 """
 import importlib.util
 import sys
@@ -17,10 +18,11 @@ section27 = section29.section27
 
 NAMES = {**section29.NAMES, "redrawn": "the same, other boundary draws (section 29)",
          "fifty": "learned, two draws for the first 50 steps + probe (this section)"}
+REDRAWN = (0, 2)  # the seeds that section 29 ran again
 SHORT = {**section29.SHORT, "two_draws": "106 steps", "redrawn": "106 steps, redrawn", "fifty": "50 steps"}
 
 
-rows = {s: {**section27.section27_runs(s), "redrawn": section29.redrawn_run(s),
+rows = {s: {**section27.section27_runs(s), **({"redrawn": section29.redrawn_run(s)} if s in REDRAWN else {}),
             "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
         for s in (int(a) for a in sys.argv[1:])}
 section27.print_tables(rows, NAMES, SHORT, (("fifty", "paper"), ("fifty", "two_draws"), ("fifty", "redrawn"),
