@@ -18,11 +18,15 @@ section27 = section29.section27
 
 NAMES = {**section29.NAMES, "redrawn": "the same, other boundary draws (section 29)",
          "fifty": "learned, two draws for the first 50 steps + probe (this section)"}
-REDRAWN = (0, 2)  # the seeds that section 29 ran again
 SHORT = {**section29.SHORT, "two_draws": "106 steps", "redrawn": "106 steps, redrawn", "fifty": "50 steps"}
 
 
-rows = {s: {**section27.section27_runs(s), **({"redrawn": section29.redrawn_run(s)} if s in REDRAWN else {}),
+def redrawn(seed: int) -> dict:
+    """Section 29's run of `seed`, where it ran one (seeds 0 and 2)."""
+    return {"redrawn": section29.redrawn_run(seed)} if (section29.here / f"seed{seed}").is_dir() else {}
+
+
+rows = {s: {**section27.section27_runs(s), **redrawn(s),
             "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
         for s in (int(a) for a in sys.argv[1:])}
 section27.print_tables(rows, NAMES, SHORT, (("fifty", "paper"), ("fifty", "two_draws"), ("fifty", "redrawn"),
