@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable
@@ -45,6 +46,7 @@ class ModelConfig:
     init_std: float = 0.02  # std of the normal initialisation of linear layers
     lambda_early: float = 1e-1  # weight of the early-exit head's loss in the model's objective (paper eq. 27)
     lambda_word_start: float = 0.0  # weight of an auxiliary loss for any strategy: a linear probe on the encoder output marks the first byte of each word (cross-entropy per byte); 0: no probe
+    word_start_until_bytes: float | None = None  # train the probe for the first this many training bytes only, then run without it (no loss, no FLOPs); None: the whole run
 
 
 @dataclass
@@ -355,6 +357,10 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"boundaries.target_rate={b.target_rate} must lie strictly between 0 and 1")
     if b.group_size < 1:
         raise ConfigError(f"boundaries.group_size={b.group_size} must be >= 1")
+    if m.word_start_until_bytes is not None and not (m.lambda_word_start and m.word_start_until_bytes > 0
+                                                     and math.isfinite(m.word_start_until_bytes)):
+        raise ConfigError(f"model.word_start_until_bytes={m.word_start_until_bytes} ends the word-start probe: "
+                          "it must be a number > 0 and model.lambda_word_start > 0 (or null: no end)")
     if t.seq_len < 2 or t.batch_size < 1:
         raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
     if t.micro_batches < 1 or t.batch_size % t.micro_batches:

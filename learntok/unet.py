@@ -101,6 +101,7 @@ class ByteUNet(nn.Module):
         self.early_head = Head(d, cfg.final_softcap)
         # the logit that byte i starts a word, read from X_i: an auxiliary loss (train/accumulate.py)
         self.word_start_probe = nn.Linear(d, 1) if cfg.lambda_word_start else None
+        self.probing = self.word_start_probe is not None  # False once `word_start_until_bytes` have passed
         self.reset_parameters()
 
     @torch.no_grad()
@@ -134,6 +135,13 @@ class ByteUNet(nn.Module):
         x = self.embed(inputs) * math.sqrt(self.cfg.d_model)  # (B, T, C), Gemma's embedding scale
         return self.encoder(x, positions)
 
+    def set_progress(self, bytes_seen: float, training_bytes: float) -> None:
+        """Where the run is, before every training step (the boundary strategy's `set_progress`): the word-start
+        probe trains for the first `model.word_start_until_bytes` only, and then is not run at all."""
+        until = self.cfg.word_start_until_bytes
+        self.probing = self.word_start_probe is not None and (until is None or bytes_seen < until)
+        self.boundaries.set_progress(bytes_seen, training_bytes)
+
     @property
     def draws(self) -> int:
         """Boundary draws per sequence in a forward pass: the strategy's (`boundaries.group_size`) in
@@ -156,7 +164,7 @@ class ByteUNet(nn.Module):
         K = self.draws
         hidden = self.encode(inputs) if hidden is None else hidden  # X (B, T, C)
         early_logits = self.early_head(hidden)  # (B, T, V)
-        probe = None if self.word_start_probe is None else self.word_start_probe(hidden).squeeze(-1).float()
+        probe = self.word_start_probe(hidden).squeeze(-1).float() if self.probing else None
 
         forced = torch.zeros_like(inputs, dtype=torch.bool)
         forced[:, 0] = True
@@ -336,7 +344,7 @@ class ByteUNet(nn.Module):
         """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible): `byte` and
         `token`, and `byte_per_draw`, the part of `byte` that runs once per boundary draw (decoder, head)."""
         per_draw = self.decoder.n_matrix_params() + self.head.proj.weight.numel()
-        probe = self.word_start_probe.weight.numel() if self.word_start_probe is not None else 0
+        probe = self.word_start_probe.weight.numel() if self.probing else 0
         byte_level = (self.encoder.n_matrix_params() + self.boundaries.n_matrix_params()
                       + self.early_head.proj.weight.numel() + probe + per_draw)
         return {"byte": byte_level, "token": self.mid.n_matrix_params(), "byte_per_draw": per_draw}

@@ -130,12 +130,13 @@ def test_ddp_with_micro_batches_matches_one_process(single, tmp_path):
 @pytest.mark.slow
 def test_fsdp_with_the_word_start_probe_matches_one_process(tmp_path):
     """The probe is a parameter of the root module, which FSDP2 shards: its loss and gradient come out as in
-    one process."""
-    single = run_single(tmp_path / "single", steps=4, model_lambda_word_start=1.0)
-    assert "loss_word_start" in single[0]
-    rows = run_ranks(2, "fsdp", tmp_path / "run", steps=4, model_lambda_word_start=1.0)
+    one process, and after `word_start_until_bytes` (two steps here) the steps without it too."""
+    probe = dict(model_lambda_word_start=1.0, model_word_start_until_bytes=2 * BATCH * SEQ)
+    single = run_single(tmp_path / "single", steps=4, **probe)
+    assert ["loss_word_start" in r for r in single if "loss" in r] == [True, True, False, False]
+    rows = run_ranks(2, "fsdp", tmp_path / "run", steps=4, **probe)
     assert_same_metrics(rows, single)
-    for g, w in zip(rows, single):
+    for g, w in zip(rows[:2], single[:2]):
         assert g["loss_word_start"] == pytest.approx(w["loss_word_start"], rel=REL)
 
 

@@ -167,6 +167,82 @@ def test_word_start_loss_on_a_worked_example():
     assert all(float(v.abs().max()) < 1e-6 for k, v in diff.items() if k.startswith(("mid.", "decoder.", "head.", "early_head.")))
 
 
+def test_word_start_until_bytes_ends_the_probe():
+    """Once `word_start_until_bytes` have been seen the probe is not run: no loss, no gradient, no FLOPs,
+    and the step is that of the same weights without a probe (the learned policy, K = 2 draws)."""
+    probed = model_with_word_start_probe(0.5, group_size=2, learned={"batch_centering": "group_loo"})
+    probed.cfg.word_start_until_bytes = 100
+    plain = model_with_word_start_probe(0.0, group_size=2, learned={"batch_centering": "group_loo"})
+    plain.load_state_dict({k: v for k, v in probed.state_dict().items() if not k.startswith("word_start_probe.")})
+    batch = padded_batch()
+    u = torch.rand((2 * batch.inputs.shape[0], batch.inputs.shape[1]), generator=torch.Generator().manual_seed(5))
+    d = probed.cfg.d_model
+    for seen, probing in ((99, True), (100, False)):
+        probed.set_progress(seen, 1000)
+        probed.zero_grad(set_to_none=True)
+        metrics = accumulate_gradients(probed, batch, 2, uniforms=u)
+        assert ("loss_word_start" in metrics) == probing
+        assert (probed.word_start_probe.weight.grad is not None) == probing
+        # 6 FLOPs per probe weight per byte while it runs, none after
+        assert probed.flops(1000, 200) - plain.flops(1000, 200) == (6 * d * 1000 if probing else 0)
+    plain_metrics = accumulate_gradients(plain, batch, 2, uniforms=u)
+    assert plain_metrics.keys() == metrics.keys()
+    for key in metrics:
+        assert float(metrics[key]) == pytest.approx(float(plain_metrics[key]), rel=1e-6), key
+    assert_close_grads(grads(probed), grads(plain), rtol=1e-6)
+
+
+def test_a_run_whose_probe_ends_resumes_exactly(tmp_path, keep_threads):
+    """The probe ends at the step that starts with `word_start_until_bytes` seen, in a resumed run too (read
+    from the bytes seen); after it the probe's weights stay as they were (AdamW leaves a parameter without a
+    gradient alone) and each step's FLOPs are counted without it."""
+    from learntok.train.checkpoint import list_checkpoints
+    from learntok.train.metrics import read_metrics
+    from test_train import without_timing
+
+    def trainer(run_dir, resume=False, checkpoint_every=0):
+        cfg = tiny_config()
+        cfg.model.lambda_word_start, cfg.model.word_start_until_bytes = 1.0, 2 * 4 * 64
+        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
+        cfg.train.training_bytes = 4 * cfg.train.batch_size * cfg.train.seq_len
+        cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every = 1, 0, checkpoint_every
+        cfg.train.keep_checkpoints = 0
+        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+
+    ref = trainer(tmp_path / "ref")
+    probe_weights, per_step = [], []
+    while ref.step < ref.total_steps:
+        before = ref.flops
+        batch = ref.data.train.next_batch()
+        tokens = int(ref.train_step(batch)["tokens"])
+        probe_weights.append(ref.model.word_start_probe.weight.detach().clone())
+        per_step.append((ref.model.probing, ref.flops - before == ref.model.flops(batch.inputs.numel(), tokens)))
+    assert per_step == [(True, True), (True, True), (False, True), (False, True)]  # two steps of 4 x 64 bytes
+    assert not torch.equal(probe_weights[0], probe_weights[1])
+    assert torch.equal(probe_weights[1], probe_weights[2]) and torch.equal(probe_weights[2], probe_weights[3])
+
+    trainer(tmp_path / "whole").train()
+    trainer(tmp_path / "run", checkpoint_every=1).train()
+    for later in list_checkpoints(tmp_path / "run")[1:]:
+        later.rename(tmp_path / "run" / f"old_{later.name}")
+    resumed = trainer(tmp_path / "run", resume=True)
+    assert resumed.step == 1  # while the probe trains
+    resumed.train()
+    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert [("loss_word_start" in r) for r in rows if "loss" in r] == [True, True, False, False]
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"lambda_word_start": 1.0, "word_start_until_bytes": 0}, "must be a number > 0"),
+    ({"lambda_word_start": 1.0, "word_start_until_bytes": float("nan")}, "must be a number > 0"),
+    ({"word_start_until_bytes": 1e6}, "model.lambda_word_start > 0")])
+def test_word_start_until_bytes_is_checked(model, message):
+    from learntok.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, {"model": model})
+
+
 @pytest.mark.parametrize("learned, group, backend", [
     ({}, 1, "inductor"), ({"batch_centering": "leave_one_out", "gamma": 0.9}, 1, "aot_eager"),
     ({"batch_centering": "group_loo"}, 2, "aot_eager"), ({"batch_centering": "draw", "draw_share": 0.5}, 1, "aot_eager"),

@@ -72,11 +72,12 @@ class RunResult:
 @torch.no_grad()
 def flops_per_byte(model, batches, seed: int = 0) -> float:
     """Training FLOPs per byte of `model` on `batches`, counted as the trainer counts them (training
-    mode, boundaries sampled, no gradient), with the strategy as it runs after its first phases (a group's
-    first draws, `group_until_bytes`; a copied rule, `imitate_until`): the cost of most of the run."""
+    mode, boundaries sampled, no gradient), with the model as it runs after its first phases (a group's
+    first draws, `group_until_bytes`; a copied rule, `imitate_until`; the word-start probe,
+    `word_start_until_bytes`): the cost of most of the run."""
     was_training = model.training
     model.train()
-    model.boundaries.set_progress(math.inf, 1.0)
+    model.set_progress(math.inf, 1.0)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     flops = n = 0
     try:

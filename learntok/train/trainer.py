@@ -352,7 +352,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         batch = batch.to(self.device)
-        self.model.boundaries.set_progress(self.bytes_seen, t.training_bytes)
+        self.model.set_progress(self.bytes_seen, t.training_bytes)
         uniforms = self._uniforms(batch)
         # a second draw's uniforms, where the strategy makes one (drawn after the first: exact resume)
         second = self.model.boundaries.baseline_draw_rows(batch.inputs.shape[0]) is not None
