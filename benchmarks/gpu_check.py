@@ -23,7 +23,8 @@ or `whitespace` adds a fixed rule at the same FLOPs, `learned_from_word_start` t
 the word-start rule for the first 20% of its training bytes and then learns, `..._without_gradient` its control
 (the copy sampled, no policy gradient), `uniform_with_probe`, `word_start_with_probe` and `learned_with_probe`
 the strategy with the word-start probe's auxiliary loss (`model.lambda_word_start=1`; the learned policy at the
-rule's rate, 0.169, as the copy; `Sizes.variants`). Every minute
+rule's rate, 0.169, as the copy; `Sizes.variants`), `learned_with_early_probe` the last with the probe for its
+first 13.1M training bytes only. Every minute
 each run prints held-out bpb and where its boundaries fall (whitespace and word-start precision, and the
 start of a held-out sequence cut at them).
 """
@@ -64,6 +65,9 @@ PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "mat
 
 LEARN_STRATEGIES = ("uniform", "learned", "word_start", "whitespace")  # learning runs of a strategy as it is
 WORD_START_RATE = "boundaries.target_rate=0.169"  # the word-start rule's rate on the prose corpus
+# the probe for the first 100 steps of 32 x 4096 bytes only: on a CPU its loss is near 0 by then and the policy
+# keeps the word starts it found (docs/results/credit_assignment/, section 33)
+EARLY_PROBE = "model.word_start_until_bytes=13107200"
 COPY_WORD_START = ("boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2", WORD_START_RATE)
 
 
@@ -99,12 +103,14 @@ class Sizes:
     # (learned_from_word_start: the policy starts from a copy of the word-start rule; its control samples the copy
     # with no policy gradient, which tells a gain of the gradient from one of the copy: docs/results/credit_assignment/,
     # section 15; ..._with_probe: the strategy with the word-start probe's auxiliary loss on the encoder, section 17;
-    # the learned policy with it at the rule's rate, as the copy: on a CPU 0.05 ahead of itself at rate 0.2, section 18)
+    # the learned policy with it at the rule's rate, as the copy: on a CPU 0.05 ahead of itself at rate 0.2, section 18;
+    # learned_with_early_probe: the same with the probe for its first 13.1M training bytes only)
     variants = {"learned_from_word_start": ("learned", COPY_WORD_START),
                 "learned_from_word_start_without_gradient": ("learned", (*COPY_WORD_START, "boundaries.learned.lambda_policy=0")),
                 "uniform_with_probe": ("uniform", ("model.lambda_word_start=1",)),
                 "word_start_with_probe": ("word_start", ("model.lambda_word_start=1",)),
-                "learned_with_probe": ("learned", ("model.lambda_word_start=1", WORD_START_RATE))}
+                "learned_with_probe": ("learned", ("model.lambda_word_start=1", WORD_START_RATE)),
+                "learned_with_early_probe": ("learned", ("model.lambda_word_start=1", EARLY_PROBE, WORD_START_RATE))}
     learn_seconds: float = 240.0
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
@@ -1096,7 +1102,8 @@ def main(argv: list[str] | None = None) -> int:
                         "learned_from_word_start: the learned policy started from a copy of the word-start rule; "
                         "learned_from_word_start_without_gradient: the same with no policy gradient (its control); "
                         "uniform_with_probe, word_start_with_probe, learned_with_probe: the strategy with the "
-                        "word-start probe's loss (model.lambda_word_start=1)")
+                        "word-start probe's loss (model.lambda_word_start=1); learned_with_early_probe: the "
+                        "probe for the first 13.1M training bytes only (100 steps at 32 x 4096)")
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")

@@ -253,6 +253,9 @@ def test_every_learning_run_has_a_valid_config():
         assert cfg.boundaries.name == probed.split("_with")[0] and cfg.model.lambda_word_start == 1
     assert runs["learned_with_probe"].scale == 1  # the learned runs' D
     assert configs["learned_with_probe"].boundaries.target_rate == 0.169
+    early = configs["learned_with_early_probe"]
+    assert early.model.lambda_word_start == 1 and early.model.word_start_until_bytes == 100 * 32 * 4096
+    assert early.boundaries.target_rate == 0.169 and runs["learned_with_early_probe"].scale == 1
 
 
 def test_a_sync_is_named_by_its_learntok_function_and_operation():
