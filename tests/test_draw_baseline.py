@@ -15,13 +15,10 @@ from learntok.boundaries import LossInputs, check
 from learntok.config import ConfigError, load_config
 from learntok.data.batch import Batch
 from learntok.train.accumulate import accumulate_gradients
-from learntok.train.checkpoint import list_checkpoints
-from learntok.train.metrics import read_metrics
-from learntok.train.trainer import Trainer
 from learntok.unet import ByteUNet
 
-from conftest import memory_data, random_inputs, taking, tiny_config
-from test_train import without_timing
+from conftest import random_inputs, taking, tiny_config
+from test_train import assert_resumes_exactly, small_trainer
 from test_estimator import all_configs, batch_of, close, estimator_expectation, exact_gradient, grads, make_model
 
 N = 4  # bytes per sequence: 3 free decisions, 8 configurations, 64 joint ones
@@ -138,30 +135,15 @@ def test_draw_options_are_checked(overrides, message):
 def test_training_with_a_second_draw_resumes_exactly_and_counts_its_flops(tmp_path):
     """The second draw's uniforms come from the trainer's sampling generator after the first draw's, so a
     resumed run draws what the uninterrupted run drew; the draw's FLOPs are in the run's count."""
-    def trainer(run_dir, resume=False, **train):
-        cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.5})
-        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
-        cfg.train.training_bytes = 6 * cfg.train.batch_size * cfg.train.seq_len
-        cfg.train.log_every, cfg.train.eval_every = 1, 0
-        for k, v in train.items():
-            setattr(cfg.train, k, v)
-        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+    def config():
+        return tiny_config(learned={"batch_centering": "draw", "draw_share": 0.5})
 
-    ref = trainer(tmp_path / "ref", checkpoint_every=0)
-    ref.train()
-    run = trainer(tmp_path / "run", checkpoint_every=3)
-    run.train()
-    for later in list_checkpoints(tmp_path / "run")[1:]:
-        later.rename(tmp_path / "run" / f"old_{later.name}")
-    resumed = trainer(tmp_path / "run", resume=True, checkpoint_every=3)
-    assert resumed.step == 3
-    resumed.train()
-    rows = read_metrics(tmp_path / "ref" / "metrics.jsonl")
-    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    rows = assert_resumes_exactly(lambda run_dir, **train: small_trainer(config(), run_dir, steps=6, **train),
+                                  tmp_path, every=3)
     assert all(r["baseline_flops"] > 0 for r in rows)
     # each step adds its training FLOPs, 6 (byte params x 256 bytes + token params x its tokens), and its
     # second draw's: what is left after both is a whole number of tokens
-    p = ref.model.matrix_params()
+    p = ByteUNet(config().model, config().boundaries).matrix_params()
     flops = [0] + [r["flops"] for r in rows]
     for before, after, r in zip(flops, flops[1:], rows):
         tokens = (after - before - r["baseline_flops"] - 6 * p["byte"] * 4 * 64) / (6 * p["token"])

@@ -215,39 +215,21 @@ def test_a_run_that_ends_its_group_switches_at_its_bytes_resumes_exactly_and_loa
     """The draws end at the step that starts with `group_until_bytes` seen (read from the bytes seen, so a
     resumed run switches at the same step), FLOPs count each step's draws, and the finished run's saved
     config, which still names the group, loads."""
-    from conftest import memory_data
-    from learntok.train.checkpoint import list_checkpoints, load_model
-    from learntok.train.metrics import read_metrics
-    from learntok.train.trainer import Trainer
-    from test_train import without_timing
+    from learntok.train.checkpoint import load_model
+    from test_train import assert_resumes_exactly, each_step, small_trainer
 
-    def trainer(run_dir, resume=False, checkpoint_every=0):
+    def trainer(run_dir, **train):
         cfg = tiny_config(group_size=2, learned={"batch_centering": "group_loo", "group_until_bytes": 2 * 4 * 64})
-        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
-        cfg.train.training_bytes = 5 * cfg.train.batch_size * cfg.train.seq_len
-        cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every = 1, 0, checkpoint_every
-        cfg.train.keep_checkpoints = 0
-        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+        return small_trainer(cfg, run_dir, steps=5, **train)
 
     ref = trainer(tmp_path / "ref")
     draws, flops = [], []
-    while ref.step < ref.total_steps:
-        before = ref.flops
-        batch = ref.data.train.next_batch()
-        tokens = int(ref.train_step(batch)["tokens"])
+    for counted, n_bytes, tokens in each_step(ref):
         draws.append(ref.model.draws)
-        flops.append((ref.flops - before, ref.model.flops(batch.inputs.numel(), tokens, ref.model.draws)))
+        flops.append((counted, ref.model.flops(n_bytes, tokens, ref.model.draws)))
     assert draws == [2, 2, 1, 1, 1]  # 2 * 4 * 64 bytes: two steps of 4 x 64
     assert all(got == want for got, want in flops)
 
-    trainer(tmp_path / "whole").train()
-    trainer(tmp_path / "run", checkpoint_every=1).train()
-    for later in list_checkpoints(tmp_path / "run")[1:]:
-        later.rename(tmp_path / "run" / f"old_{later.name}")
-    resumed = trainer(tmp_path / "run", resume=True)
-    assert resumed.step == 1  # inside the group's draws
-    resumed.train()
-    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
-    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    assert_resumes_exactly(trainer, tmp_path, every=1)  # resumed inside the group's draws
     model, cfg = load_model(tmp_path / "run")
     assert model.boundaries.options.group_until_bytes == 2 * 4 * 64 and model.boundaries.draws == 2

@@ -497,29 +497,13 @@ def test_copying_a_rule_draws_once(centering, tmp_path, one_thread):
 
 def test_a_run_that_imitates_resumes_exactly(tmp_path):
     """The imitation's end is read from the bytes seen, so a run resumed inside it switches at the same step."""
-    from conftest import memory_data
-    from learntok.train.checkpoint import list_checkpoints
-    from learntok.train.metrics import read_metrics
-    from learntok.train.trainer import Trainer
-    from test_train import without_timing
+    from test_train import assert_resumes_exactly, small_trainer
 
-    def trainer(run_dir, resume=False, checkpoint_every=0):
+    def trainer(run_dir, **train):
         cfg = tiny_config(name="learned", learned={"imitate": "word_start", "imitate_until": 0.5})
-        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
-        cfg.train.training_bytes = 6 * cfg.train.batch_size * cfg.train.seq_len
-        cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every = 1, 0, checkpoint_every
-        cfg.train.keep_checkpoints = 0
-        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+        return small_trainer(cfg, run_dir, steps=6, **train)
 
-    trainer(tmp_path / "ref").train()
-    trainer(tmp_path / "run", checkpoint_every=2).train()
-    for later in list_checkpoints(tmp_path / "run")[1:]:
-        later.rename(tmp_path / "run" / f"old_{later.name}")
-    resumed = trainer(tmp_path / "run", resume=True, checkpoint_every=2)
-    assert resumed.step == 2  # inside the imitation, which ends after step 3
-    resumed.train()
-    rows = read_metrics(tmp_path / "ref" / "metrics.jsonl")
-    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    rows = assert_resumes_exactly(trainer, tmp_path, every=2)  # resumed inside the imitation, which ends after step 3
     assert ["loss_imitate" in r for r in rows] == [True] * 3 + [False] * 3
 
 

@@ -48,6 +48,44 @@ def without_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
 
 
+def small_trainer(cfg, run_dir, steps: int, resume: bool = False, **train) -> Trainer:
+    """A Trainer of `cfg` for `steps` steps on `memory_data`: one thread, no TensorBoard, a metrics line every
+    step, no held-out evaluation, every checkpoint kept; `train` sets more train.* fields."""
+    t = cfg.train
+    t.tensorboard, t.threads, t.warmup_bytes = False, 1, 1000
+    t.training_bytes = steps * t.batch_size * t.seq_len
+    t.log_every, t.eval_every, t.keep_checkpoints = 1, 0, 0
+    for k, v in train.items():
+        setattr(t, k, v)
+    return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+
+
+def each_step(trainer: Trainer):
+    """Trains `trainer` to its end one step at a time, yielding after each step the FLOPs it counted, the
+    bytes of its batch and its token count."""
+    while trainer.step < trainer.total_steps:
+        before = trainer.flops
+        batch = trainer.data.train.next_batch()
+        tokens = int(trainer.train_step(batch)["tokens"])
+        yield trainer.flops - before, batch.inputs.numel(), tokens
+
+
+def assert_resumes_exactly(make, tmp_path: Path, every: int) -> list[dict]:
+    """`make(run_dir, resume=False, checkpoint_every=0)` gives a Trainer. Trains one run uninterrupted and one
+    with a checkpoint every `every` steps, resumes the second from its first checkpoint (the later ones moved
+    aside) and asserts that it logs the uninterrupted run's metrics line for line, timings aside; returns them."""
+    make(tmp_path / "whole").train()
+    make(tmp_path / "run", checkpoint_every=every).train()
+    for later in ckpt_io.list_checkpoints(tmp_path / "run")[1:]:
+        later.rename(tmp_path / "run" / f"old_{later.name}")
+    resumed = make(tmp_path / "run", resume=True, checkpoint_every=every)
+    assert resumed.step == every
+    resumed.train()
+    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
+    return rows
+
+
 def make_corpus(path: Path, n_docs: int = 160) -> Path:
     """A JSONL corpus like FineWeb's layout ({"text": ...}), documents of 20-400 bytes."""
     rng = np.random.default_rng(1)

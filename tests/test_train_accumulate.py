@@ -196,41 +196,24 @@ def test_a_run_whose_probe_ends_resumes_exactly(tmp_path, keep_threads):
     """The probe ends at the step that starts with `word_start_until_bytes` seen, in a resumed run too (read
     from the bytes seen); after it the probe's weights stay as they were (AdamW leaves a parameter without a
     gradient alone) and each step's FLOPs are counted without it."""
-    from learntok.train.checkpoint import list_checkpoints
-    from learntok.train.metrics import read_metrics
-    from test_train import without_timing
+    from test_train import assert_resumes_exactly, each_step, small_trainer
 
-    def trainer(run_dir, resume=False, checkpoint_every=0):
+    def trainer(run_dir, **train):
         cfg = tiny_config()
         cfg.model.lambda_word_start, cfg.model.word_start_until_bytes = 1.0, 2 * 4 * 64
-        cfg.train.tensorboard, cfg.train.threads, cfg.train.warmup_bytes = False, 1, 1000
-        cfg.train.training_bytes = 4 * cfg.train.batch_size * cfg.train.seq_len
-        cfg.train.log_every, cfg.train.eval_every, cfg.train.checkpoint_every = 1, 0, checkpoint_every
-        cfg.train.keep_checkpoints = 0
-        return Trainer(cfg, run_dir, resume=resume, progress=False, data=memory_data(cfg))
+        return small_trainer(cfg, run_dir, steps=4, **train)
 
     ref = trainer(tmp_path / "ref")
     probe_weights, per_step = [], []
-    while ref.step < ref.total_steps:
-        before = ref.flops
-        batch = ref.data.train.next_batch()
-        tokens = int(ref.train_step(batch)["tokens"])
+    for flops, n_bytes, tokens in each_step(ref):
         probe_weights.append(ref.model.word_start_probe.weight.detach().clone())
-        per_step.append((ref.model.probing, ref.flops - before == ref.model.flops(batch.inputs.numel(), tokens)))
+        per_step.append((ref.model.probing, flops == ref.model.flops(n_bytes, tokens)))
     assert per_step == [(True, True), (True, True), (False, True), (False, True)]  # two steps of 4 x 64 bytes
     assert not torch.equal(probe_weights[0], probe_weights[1])
     assert torch.equal(probe_weights[1], probe_weights[2]) and torch.equal(probe_weights[2], probe_weights[3])
 
-    trainer(tmp_path / "whole").train()
-    trainer(tmp_path / "run", checkpoint_every=1).train()
-    for later in list_checkpoints(tmp_path / "run")[1:]:
-        later.rename(tmp_path / "run" / f"old_{later.name}")
-    resumed = trainer(tmp_path / "run", resume=True)
-    assert resumed.step == 1  # while the probe trains
-    resumed.train()
-    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    rows = assert_resumes_exactly(trainer, tmp_path, every=1)  # resumed while the probe trains
     assert [("loss_word_start" in r) for r in rows if "loss" in r] == [True, True, False, False]
-    assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == without_timing(rows)
 
 
 @pytest.mark.parametrize("model, message", [
