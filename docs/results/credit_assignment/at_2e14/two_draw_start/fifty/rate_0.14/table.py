@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 here = Path(__file__).parent
-spec = importlib.util.spec_from_file_location("section31_table", here.parent.parent / "table.py")
+spec = importlib.util.spec_from_file_location("section27_table", here.parent.parent / "table.py")  # section 27's
 section27 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(section27)
 
