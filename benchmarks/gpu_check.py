@@ -26,7 +26,7 @@ the strategy with the word-start probe's auxiliary loss (`model.lambda_word_star
 rule's rate, 0.169, as the copy; `Sizes.variants`), `learned_with_early_probe` the last with the probe for its
 first 13.1M training bytes only. Every minute
 each run prints held-out bpb and where its boundaries fall (whitespace and word-start precision, and the
-start of a held-out sequence cut at them).
+start of a held-out sequence cut at them); the report keeps the trainer's log of every tenth step too.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ WORD_START_RATE = "boundaries.target_rate=0.169"  # the word-start rule's rate o
 # the probe for the first 100 steps of 32 x 4096 bytes only: on a CPU its loss is near 0 by then and the policy
 # keeps the word starts it found (docs/results/credit_assignment/, section 33)
 EARLY_PROBE = "model.word_start_until_bytes=13107200"
+# what the report keeps of the trainer's metrics lines (train.log_every=10)
+TRAINING_METRICS = ("step", "bytes", "bpb", "early_bpb", "boundary_rate", "loss_word_start", "loss_policy",
+                    "policy_entropy", "advantage_std", "grad_norm")
 COPY_WORD_START = ("boundaries.learned.imitate=word_start", "boundaries.learned.imitate_until=0.2", WORD_START_RATE)
 
 
@@ -856,13 +859,18 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                          max_rows=cfg.train.batch_size // cfg.train.micro_batches, per_sequence=True)
         boundaries = analyse(trainer.model, data.val, samples=1, seed=1234).summary()
     n_params = sum(p.numel() for p in trainer.model.parameters())
+    # the trainer's own log (every 10th step): how the losses, the rate and the probe moved while it trained
+    log = run_dir / "metrics.jsonl"
+    training = [{key: row[key] for key in TRAINING_METRICS if key in row}
+                for row in map(json.loads, log.read_text().splitlines() if log.exists() else []) if "loss" in row]
     result = {"strategy": strategy, "config": sizes.learn_config, "overrides": overrides, "parameters": n_params,
               "batch": [cfg.train.batch_size, cfg.train.seq_len],
               "data": data.description, "heldout_sequences": sum(len(b.inputs) for b in data.val),
               "flops": float(trainer.flops), "bytes": float(trainer.bytes_seen), "steps": trainer.step,
               "wall_s": round(wall, 1), "val_bpb": final["bpb"], "val_bpb_std_over_samples": final["bpb_std_over_samples"],
               "eval_samples": final["samples"], "sequence_bits": final["sequence_bits"],
-              "sequence_bytes": final["sequence_bytes"], "boundaries": boundaries, "probes": trainer.probes}
+              "sequence_bytes": final["sequence_bytes"], "boundaries": boundaries, "probes": trainer.probes,
+              "training": training}
     say(f"{strategy}: {trainer.step} steps, {trainer.bytes_seen / 1e6:.1f}M bytes, {trainer.flops:.4g} FLOPs in "
         f"{wall:.0f} s; held-out bpb {final['bpb']:.4f}")
     return result
@@ -1060,12 +1068,32 @@ def render_learn(learn: dict) -> list[str]:
                 out.append(f"| {name} | {p['seconds']} | {p['step']} | {p['val_bpb']:.4f} | {p['rate']:.3f} | "
                            f"{p['whitespace_precision']:.3f} | {p['whitespace_recall']:.3f} | "
                            f"{fmt(p.get('word_start_precision'))} |")
+        out += training_table(learn)
         for name, r in learn.items():
             last = ((r or {}).get("probes") or [{}])[-1]
             if "sample" in last:  # reports from before samples were kept have none
                 out += ["", f"Where {name}'s boundaries fall at step {last['step']} (`|` ends a token; "
                         "the start of the first held-out sequence):", "", "```", last["sample"], "```"]
     out.append("")
+    return out
+
+
+def training_table(learn: dict, rows: int = 8) -> list[str]:
+    """Each run's training metrics at `rows` steps spread over it (the last among them): the training bpb, the
+    rate, the word-start probe's loss and the policy's entropy as they moved (the report's JSON keeps every line)."""
+    runs = {name: r["training"] for name, r in learn.items() if (r or {}).get("training")}
+    if not runs:  # reports from before the training metrics were kept have none
+        return []
+    out = ["", "Training metrics (the trainer's log at steps spread over each run; bpb on the training batch):", "",
+           "| strategy | step | bytes | bpb | early-exit bpb | rate | word-start probe loss | policy entropy | grad norm |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name, lines in runs.items():
+        picked = sorted({round(i * (len(lines) - 1) / (rows - 1)) for i in range(rows)})
+        for row in (lines[i] for i in picked):
+            out.append(f"| {name} | {row['step']} | {row['bytes'] / 1e6:.1f}M | {fmt(row.get('bpb'))} | "
+                       f"{fmt(row.get('early_bpb'))} | {fmt(row.get('boundary_rate'))} | "
+                       f"{fmt(row.get('loss_word_start'), '.4f')} | {fmt(row.get('policy_entropy'), '.4f')} | "
+                       f"{fmt(row.get('grad_norm'))} |")
     return out
 
 

@@ -89,7 +89,16 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert "boundaries.name=learned" in copied["overrides"] and "boundaries.learned.imitate=word_start" in copied["overrides"]
     assert uniform["flops"] <= copied["flops"]
     assert "| learned_from_word_start (boundaries.learned.scale=1, boundaries.learned.imitate=word_start," in report
-    for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training"):
+    # the trainer's log kept in the report: every 10th step and the last, the policy's entropy for the learned run only
+    for run in (uniform, learned):
+        assert [row["step"] for row in run["training"]] == sorted({*range(10, run["steps"] + 1, 10), run["steps"]})
+        assert all(row["bytes"] > 0 and row["bpb"] > 0 and 0 < row["boundary_rate"] < 1 for row in run["training"])
+    assert all("policy_entropy" in row for row in learned["training"])
+    assert not any("policy_entropy" in row for row in uniform["training"])
+    last = learned["training"][-1]
+    assert f"| learned | {last['step']} | {last['bytes'] / 1e6:.1f}M | {last['bpb']:.3f} |" in report
+    for heading in ("## Environment", "## CUDA tests", "## Figures", "## Learning", "Probes during training",
+                    "Training metrics"):
         assert heading in report
     assert "## Failures" not in report
     # the report rebuilt from its parts alone, as from parts gathered from several commands: no device needed
