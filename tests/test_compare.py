@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from test_train import without_timing
 
 from learntok.cli import main as cli_main
-from learntok.compare import CompareSettings
+from learntok.compare import CompareSettings, read_results
 from learntok.compare.report import aggregate, table_markdown
 from learntok.compare.run import flops_per_byte
 from learntok.config import load_config
@@ -71,6 +72,12 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
         assert len(run["curve"]) >= 2
         assert (run["seed"], run["train_seed"]) == (0, 3)  # the index of runs/<strategy>-seed0, and the seed it trained with
     assert 0.1 < by_name["uniform"]["rate"] < 0.3 and by_name["uniform"]["mean_token_bytes"] > 3
+    # the report read back as the runs it holds, from the folder or from results.json
+    runs = read_results(out)
+    assert [(r.strategy, r.status) for r in runs] == [(x["strategy"], x["status"]) for x in results["runs"]]
+    finished = [r for r in runs if r.status == "ok"]  # (a skipped run's bpb is NaN, equal to nothing)
+    assert [asdict(r) for r in finished] == [x for x in results["runs"] if x["status"] == "ok"]
+    assert finished == [r for r in read_results(out / "results.json") if r.status == "ok"]
     for run in results["runs"][:2]:  # each held-out sequence's bits, which pool to the run's bpb
         assert len(run["sequence_bits"]) == len(run["sequence_bytes"]) == 4
         assert sum(run["sequence_bits"]) / sum(run["sequence_bytes"]) == pytest.approx(run["bpb"])

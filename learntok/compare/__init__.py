@@ -53,10 +53,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import load_config
-from .report import write_report
+from .report import read_results, write_report
 from .run import DEFAULT_STRATEGIES, BpeReference, CompareSettings, RunResult, default_paragraph, train_one
 
-__all__ = ["DEFAULT_STRATEGIES", "CompareSettings", "RunResult", "run_comparison"]
+__all__ = ["DEFAULT_STRATEGIES", "CompareSettings", "RunResult", "read_results", "run_comparison"]
 
 
 def run_comparison(settings: CompareSettings, log=print) -> dict:

@@ -368,3 +368,10 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
                          "segmentation_html": "segmentation.html"}}
     (out / "results.json").write_text(json.dumps(payload, indent=1, default=float))
     return payload
+
+
+def read_results(path: str | Path) -> list[RunResult]:
+    """The runs of a comparison's report (its folder, or its results.json), to tabulate or compare them again."""
+    path = Path(path)
+    path = path / "results.json" if path.is_dir() else path
+    return [RunResult(**run) for run in json.loads(path.read_text())["runs"]]

@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from learntok.compare.report import bpb_difference
+from learntok.compare.report import bpb_difference, read_results
 from learntok.compare.run import RunResult
 from learntok.eval.benchmarks import mean_and_se
 
@@ -24,7 +24,7 @@ seeds = [int(s) for s in sys.argv[4:]] or range(16)
 
 def load(prefix: str, seed: int) -> RunResult | None:
     path = runs_dir / f"{prefix}_s{seed}" / "results.json"
-    return RunResult(**json.loads(path.read_text())["runs"][0]) if path.exists() else None
+    return read_results(path)[0] if path.exists() else None
 
 
 def boundaries(run: RunResult) -> dict:

@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from learntok.compare.report import bpb_difference
+from learntok.compare.report import bpb_difference, read_results
 from learntok.compare.run import RunResult
 
 runs_dir = Path(sys.argv[1])
@@ -22,7 +22,7 @@ a_prefix, b_prefix = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("pq_w
 
 def load(prefix: str, seed: int) -> RunResult | None:
     path = runs_dir / f"{prefix}_s{seed}" / "results.json"
-    return RunResult(**json.loads(path.read_text())["runs"][0]) if path.exists() else None
+    return read_results(path)[0] if path.exists() else None
 
 
 rows, diffs = [], []

@@ -11,6 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from learntok.compare.report import read_results
 from learntok.eval.benchmarks import TaskResult, paired_difference
 
 GROUPS = {  # label: (run name prefix, seeds)
@@ -53,8 +54,7 @@ def load(scores: Path, packed: Path, runs: Path, name: str) -> dict | None:
     if not path.exists():
         return None
     row = json.loads(path.read_text())
-    compare = json.loads((runs / name / "results.json").read_text())["runs"][0]
-    row["compare_bpb"] = compare["bpb"]
+    row["compare_bpb"] = read_results(runs / name)[0].bpb
     row["packed_bpb"] = json.loads((packed / f"{name}.json").read_text())["bpb"] if (packed / f"{name}.json").exists() else None
     row["result"] = TaskResult("heldout", len(row["doc_bpb"]), row["bpb"], row["bpb_se"], item_bpb=row["doc_bpb"],
                                item_bytes=[float(n) for n in row["doc_bytes"]])

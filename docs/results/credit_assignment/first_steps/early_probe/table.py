@@ -6,10 +6,9 @@ probe throughout (section 30), both at 1.1e13 FLOPs and scored on the same 64 he
                                      compare's results.json)
 """
 
-import json
 from pathlib import Path
 
-from learntok.compare.report import bpb_difference
+from learntok.compare.report import bpb_difference, read_results
 from learntok.compare.run import RunResult
 from learntok.eval.benchmarks import mean_and_se
 
@@ -17,7 +16,7 @@ HERE = Path(__file__).parent
 
 
 def load(path: Path) -> RunResult:
-    return RunResult(**json.loads(path.read_text())["runs"][0])
+    return read_results(path)[0]
 
 
 def precision(run: RunResult) -> float:

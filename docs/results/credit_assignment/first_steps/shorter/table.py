@@ -10,7 +10,7 @@ import math
 import statistics
 from pathlib import Path
 
-from learntok.compare.report import bpb_difference
+from learntok.compare.report import bpb_difference, read_results
 from learntok.compare.run import RunResult
 from learntok.eval.benchmarks import mean_and_se
 
@@ -21,7 +21,7 @@ FOUND = 0.85  # word-start precision from which a run "found" word starts (secti
 
 def load(name: str, seed: int) -> RunResult | None:
     path = HERE / "runs" / f"{name}_s{seed}.json"
-    return RunResult(**json.loads(path.read_text())["runs"][0]) if path.exists() else None
+    return read_results(path)[0] if path.exists() else None
 
 
 def precision(run: RunResult) -> float:
