@@ -1,6 +1,7 @@
 """`learntok demo` end to end on a tiny model (the real demo is the same code with the default config)."""
 
 import json
+import os
 
 from learntok.cli import main
 from learntok.data.demo import build_demo_corpus, showcase_paragraph
@@ -35,6 +36,13 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert list(run_dir.glob("step_*/model.safetensors"))
 
 
-def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys):
+def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", "--max-minutes", "0", *TINY]) == 0
-    assert "training stopped at the 0-minute limit after 1 of 8 steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "training stopped at the 0-minute limit after 1 of 8 steps: the figures below are those of a shorter run\n" in out
+    # on a machine whose other processes hold the cores, it says so
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 3.0, 2.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", "--max-minutes", "0", *TINY]) == 0
+    assert "shorter run (the machine is busy: load average 4.0 on 2 cores;" in capsys.readouterr().out

@@ -4,6 +4,7 @@ then show what it learned. No download, no data of the user's."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +16,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop training after this long whatever the schedule says (default 7.5)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", help="dotted config overrides on top of cpu_default")
+
+
+def busy_machine() -> str:
+    """Why the demo may have run slowly: torch's threads wait on each other when other processes hold the
+    cores (two busy processes on 2 cores make a step about 30 times slower)."""
+    if not hasattr(os, "getloadavg"):
+        return ""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    return (f" (the machine is busy: load average {load:.1f} on {cores} cores; the demo takes about 4 minutes "
+            "on idle cores)") if load > cores else ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     train_seconds = time.perf_counter() - t0
     if trainer.step < trainer.total_steps:  # a busy machine: the model saw less than the schedule's bytes
         print(f"training stopped at the {args.max_minutes:g}-minute limit after {trainer.step} of "
-              f"{trainer.total_steps} steps: the figures below are those of a shorter run")
+              f"{trainer.total_steps} steps: the figures below are those of a shorter run{busy_machine()}")
 
     model = trainer.model
     val = trainer.data.val
