@@ -786,6 +786,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     from learntok.display import segment
     from learntok.data.loader import make_data
     from learntok.eval.sequences import evaluate
+    from learntok.train.metrics import read_metrics
     from learntok.train.trainer import Trainer
 
     flops = args.flops
@@ -860,9 +861,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
         boundaries = analyse(trainer.model, data.val, samples=1, seed=1234).summary()
     n_params = sum(p.numel() for p in trainer.model.parameters())
     # the trainer's own log (every 10th step): how the losses, the rate and the probe moved while it trained
-    log = run_dir / "metrics.jsonl"
     training = [{key: row[key] for key in TRAINING_METRICS if key in row}
-                for row in map(json.loads, log.read_text().splitlines() if log.exists() else []) if "loss" in row]
+                for row in read_metrics(run_dir / "metrics.jsonl") if "loss" in row]
     result = {"strategy": strategy, "config": sizes.learn_config, "overrides": overrides, "parameters": n_params,
               "batch": [cfg.train.batch_size, cfg.train.seq_len],
               "data": data.description, "heldout_sequences": sum(len(b.inputs) for b in data.val),
