@@ -2,8 +2,8 @@
 
     python dropped_word_starts.py OUT.json RUN_DIR [RUN_DIR ...] [--reference RULE_RUN_DIR]
 
-Every word start (the `word_start` rule's boundaries) of the packed val sequences that `learntok compare`
-scores, with or without a boundary of the run's model (one sampled draw, seed 0). A word start i is the word's
+Every word start (the `word_start` rule's boundaries) of every packed sequence of the val split, with or
+without a boundary of the run's model (one sampled draw, seed 0). A word start i is the word's
 first byte; a boundary there ends a token that has read it, and that token serves the predictions at positions
 i, i + 1, ... up to the next boundary. Printed per run:
 
@@ -17,7 +17,8 @@ i, i + 1, ... up to the next boundary. Printed per run:
   which predict the word's other bytes, the space after it and the next word's first byte); the difference
   of the two models' losses (nats, summed) over the positions of word starts the run kept, of those it left
   out, and of the positions before a sequence's first word start, each divided by all predicted bytes and
-  ln 2, so that the three add up to the run's bpb minus the reference's on these sequences, for this draw.
+  ln 2, so that the three add up to the run's bpb minus the reference's on these sequences, for this draw; and
+  the difference per word start (bits), kept and left out.
 """
 import argparse
 import collections
@@ -111,6 +112,9 @@ def summary(records: list[tuple], totals: dict, edges: list[float]) -> dict:
         to_bpb = 1 / totals["bytes"] / math.log(2)
         out["bpb_minus_reference"] = {k: v * to_bpb for k, v in totals.items() if k != "bytes"}
         out["bpb_minus_reference"]["total"] = sum(out["bpb_minus_reference"].values())
+        out["bits_per_word_start_minus_reference"] = {  # the mean over word starts of their positions' difference
+            kind: sum(r[3] for r in rows) / max(len(rows), 1) / math.log(2)
+            for kind, rows in (("kept", [r for r in records if r[0]]), ("left out", [r for r in records if not r[0]]))}
         cost = collections.Counter()
         for r in records:
             if not r[0]:
@@ -146,6 +150,8 @@ def main() -> None:
         if "bpb_minus_reference" in s:
             print("  bpb minus the reference's, by the positions of:",
                   ", ".join(f"{k} {v:+.4f}" for k, v in s["bpb_minus_reference"].items()))
+            print("  bits per word start minus the reference's:",
+                  ", ".join(f"{k} {v:+.3f}" for k, v in s["bits_per_word_start_minus_reference"].items()))
             print("  left-out words costing most [word, bpb]:",
                   [[w, round(c, 4)] for w, c in s["left_out_words_costing_most [word, bpb]"]])
 
