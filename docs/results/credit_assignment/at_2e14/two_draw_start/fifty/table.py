@@ -5,6 +5,8 @@ all 89 val documents.
 
     python table.py 0 2 > table.md      (run in this folder; seedS/ holds the new run's scores)
     python table.py 0 1 2 3 > four_seeds.md   (section 32: seeds 1 and 3 too, which section 29 did not run again)
+    python table.py 0 1 2 3 4 > five_seeds.md (section 36: seed 4, where only the rule and this run ran, both kept
+                                               in seed4/: the rule's scores in seed4/rule/)
 """
 import importlib.util
 import sys
@@ -26,8 +28,16 @@ def redrawn(seed: int) -> dict:
     return {"redrawn": section29.redrawn_run(seed)} if (section29.here / f"seed{seed}").is_dir() else {}
 
 
-rows = {s: {**section27.section27_runs(s), **redrawn(s),
-            "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
+def others(seed: int) -> dict:
+    """The runs of sections 23, 27 and 29 in `seed`; in seed 4, which they did not run, the rule run beside this one."""
+    if seed == 4:
+        rule = here / "seed4" / "rule"
+        return {"rule": section27.scores(rule / "compare/results.json", rule / "sequences/x2_ws_wsl_s4.json",
+                                         rule / "eval/table1.json", 0)}
+    return {**section27.section27_runs(seed), **redrawn(seed)}
+
+
+rows = {s: {**others(s), "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
         for s in (int(a) for a in sys.argv[1:])}
 section27.print_tables(rows, NAMES, SHORT, (("fifty", "paper"), ("fifty", "two_draws"), ("fifty", "redrawn"),
                                             ("fifty", "rule"), ("paper", "rule")))
