@@ -1,6 +1,7 @@
-"""Which word starts a learned policy leaves out, and what that costs against a model trained with the rule.
+"""Which word starts a learned policy leaves out, and what that costs against a reference model (one trained with
+the rule, or another policy).
 
-    python dropped_word_starts.py OUT.json RUN_DIR [RUN_DIR ...] [--reference RULE_RUN_DIR]
+    python dropped_word_starts.py OUT.json RUN_DIR [RUN_DIR ...] [--reference RUN_DIR]
 
 Every word start (the `word_start` rule's boundaries) of every packed sequence of the val split, with or
 without a boundary of the run's model (one sampled draw, seed 0). A word start i is the word's
@@ -108,7 +109,7 @@ def summary(records: list[tuple], totals: dict, edges: list[float]) -> dict:
            "by_word_bytes (8 = 8 or more)": {k: recall(lengths[k]) for k in sorted(lengths)},
            "most_left_out [word, left out, seen]": [[w.decode("utf-8", "replace"), n, seen[w]]
                                                      for w, n in left_out.most_common(20)]}
-    if totals.get("bytes") and records[0][3] is not None:
+    if records and records[0][3] is not None:  # compared with a reference
         to_bpb = 1 / totals["bytes"] / math.log(2)
         out["bpb_minus_reference"] = {k: v * to_bpb for k, v in totals.items() if k != "bytes"}
         out["bpb_minus_reference"]["total"] = sum(out["bpb_minus_reference"].values())
@@ -125,10 +126,11 @@ def summary(records: list[tuple], totals: dict, edges: list[float]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("out")
     p.add_argument("runs", nargs="+")
-    p.add_argument("--reference", help="a run trained with the rule, whose loss the runs' is compared with")
+    p.add_argument("--reference", help="a run (one trained with the rule, or another policy's) whose model's loss "
+                                       "the runs' is compared with")
     args = p.parse_args()
     torch.set_num_threads(1)
     reference = load(Path(args.reference))[0] if args.reference else None
