@@ -29,12 +29,13 @@ def redrawn(seed: int) -> dict:
 
 
 def others(seed: int) -> dict:
-    """The runs of sections 23, 27 and 29 in `seed`; in seed 4, which they did not run, the rule run beside this one."""
-    if seed == 4:
-        rule = here / "seed4" / "rule"
-        return {"rule": section27.scores(rule / "compare/results.json", rule / "sequences/x2_ws_wsl_s4.json",
-                                         rule / "eval/table1.json", 0)}
-    return {**section27.section27_runs(seed), **redrawn(seed)}
+    """The runs of sections 23, 27 and 29 in `seed`; in a seed they did not run (4), the rule run beside this one,
+    kept in seedS/rule/."""
+    if section27.section23(seed).is_dir():
+        return {**section27.section27_runs(seed), **redrawn(seed)}
+    rule = here / f"seed{seed}" / "rule"
+    return {"rule": section27.scores(rule / "compare/results.json", rule / f"sequences/x2_ws_wsl_s{seed}.json",
+                                     rule / "eval/table1.json", 0)}
 
 
 rows = {s: {**others(s), "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
