@@ -16,19 +16,17 @@ i, i + 1, ... up to the next boundary. Printed per run:
 - with `--reference`: where the run's held-out loss differs from the reference model's. Each position t is
   given to the word start i that most recently preceded it (i <= t: the positions i .. next word start - 1,
   which predict the word's other bytes, the space after it and the next word's first byte); the difference
-  of the two models' losses (nats, summed) over the positions of word starts the run kept, of those it left
-  out, and of the positions before a sequence's first word start, each divided by all predicted bytes and
-  ln 2, so that the three add up to the run's bpb minus the reference's on these sequences, for this draw; and
+  of the two models' losses (bits, summed) over the positions of word starts the run kept, of those it left
+  out, and of the positions before a sequence's first word start, each divided by all predicted bytes, so
+  that the three add up to the run's bpb minus the reference's on these sequences, for this draw; and
   the difference per word start (bits), kept and left out.
 """
 import argparse
 import collections
 import json
-import math
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from learntok.analysis import surprisal_bits, whitespace_mask, word_starts
 from learntok.data.batch import BOS, PAD
@@ -41,16 +39,11 @@ def load(run: Path):
     return model.eval(), cfg
 
 
-def nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(B, T) nats, 0 where the target is PAD."""
-    return F.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=PAD, reduction="none")
-
-
 @torch.no_grad()
 def word_start_records(model, batches, reference=None, seed: int = 0) -> tuple[list[tuple], dict]:
     """Per counted word start of `batches`: (kept, word bytes, rest's mean surprisal or None, the loss difference
     from `reference` over its positions or None), boundaries drawn with `seed`; and the loss differences
-    summed by kind of position (nats), with "bytes", the predicted bytes."""
+    summed by kind of position (bits), with "bytes", the predicted bytes."""
     gen = torch.Generator().manual_seed(seed)
     records, totals = [], collections.Counter()
     for batch in batches:
@@ -61,8 +54,8 @@ def word_start_records(model, batches, reference=None, seed: int = 0) -> tuple[l
         bits = surprisal_bits(out.early_logits, batch.targets)  # bits[t]: byte t + 1 given bytes <= t
         diff = None
         if reference is not None:
-            diff = nll(out.logits, batch.targets) - nll(reference(batch.inputs, doc_start=batch.doc_start).logits,
-                                                         batch.targets)
+            reference_logits = reference(batch.inputs, doc_start=batch.doc_start).logits
+            diff = surprisal_bits(out.logits, batch.targets) - surprisal_bits(reference_logits, batch.targets)
         totals["bytes"] += int(batch.valid.sum())
         B, T = batch.inputs.shape
         for b in range(B):
@@ -110,11 +103,11 @@ def summary(records: list[tuple], totals: dict, edges: list[float]) -> dict:
            "most_left_out [word, left out, seen]": [[w.decode("utf-8", "replace"), n, seen[w]]
                                                      for w, n in left_out.most_common(20)]}
     if records and records[0][3] is not None:  # compared with a reference
-        to_bpb = 1 / totals["bytes"] / math.log(2)
+        to_bpb = 1 / totals["bytes"]
         out["bpb_minus_reference"] = {k: v * to_bpb for k, v in totals.items() if k != "bytes"}
         out["bpb_minus_reference"]["total"] = sum(out["bpb_minus_reference"].values())
         out["bits_per_word_start_minus_reference"] = {  # the mean over word starts of their positions' difference
-            kind: sum(r[3] for r in rows) / max(len(rows), 1) / math.log(2)
+            kind: sum(r[3] for r in rows) / max(len(rows), 1)
             for kind, rows in (("kept", [r for r in records if r[0]]), ("left out", [r for r in records if not r[0]]))}
         cost = collections.Counter()
         for r in records:
