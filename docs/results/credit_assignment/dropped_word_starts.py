@@ -4,7 +4,7 @@ the rule, or another policy).
     python dropped_word_starts.py OUT.json RUN_DIR [RUN_DIR ...] [--reference RUN_DIR]
 
 Every word start (the `word_start` rule's boundaries) of every packed sequence of the val split, with or
-without a boundary of the run's model (one sampled draw, seed 0). A word start i is the word's
+without a boundary of the run's model (one sampled draw, seed 0; a learned reference's draw is seeded too). A word start i is the word's
 first byte; a boundary there ends a token that has read it, and that token serves the predictions at positions
 i, i + 1, ... up to the next boundary. Printed per run:
 
@@ -42,9 +42,10 @@ def load(run: Path):
 @torch.no_grad()
 def word_start_records(model, batches, reference=None, seed: int = 0) -> tuple[list[tuple], dict]:
     """Per counted word start of `batches`: (kept, word bytes, rest's mean surprisal or None, the loss difference
-    from `reference` over its positions or None), boundaries drawn with `seed`; and the loss differences
+    from `reference` over its positions or None), both models' boundaries drawn with `seed`; and the loss differences
     summed by kind of position (bits), with "bytes", the predicted bytes."""
     gen = torch.Generator().manual_seed(seed)
+    reference_gen = torch.Generator().manual_seed(seed)  # a learned reference's draws, repeatable too
     records, totals = [], collections.Counter()
     for batch in batches:
         out = model(batch.inputs, doc_start=batch.doc_start, generator=gen)
@@ -54,7 +55,7 @@ def word_start_records(model, batches, reference=None, seed: int = 0) -> tuple[l
         bits = surprisal_bits(out.early_logits, batch.targets)  # bits[t]: byte t + 1 given bytes <= t
         diff = None
         if reference is not None:
-            reference_logits = reference(batch.inputs, doc_start=batch.doc_start).logits
+            reference_logits = reference(batch.inputs, doc_start=batch.doc_start, generator=reference_gen).logits
             diff = surprisal_bits(out.logits, batch.targets) - surprisal_bits(reference_logits, batch.targets)
         totals["bytes"] += int(batch.valid.sum())
         B, T = batch.inputs.shape
