@@ -735,8 +735,8 @@ def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     say(output[-2000:])
     result = {"command": " ".join(["torchrun"] + cmd[3:]), "returncode": proc.returncode,
               "seconds": round(time.perf_counter() - start, 1)}
-    metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    from learntok.train.metrics import read_metrics
+    rows = read_metrics(run_dir / "metrics.jsonl")  # none when the run wrote nothing; a cut-off last line is left out
     result["steps"] = [{k: r[k] for k in ("step", "loss", "bytes_per_s") if k in r} for r in rows]
     result["checkpoints"] = sorted(p.name for p in run_dir.glob("step_*"))
     if proc.returncode or not rows or not result["checkpoints"]:
