@@ -3,6 +3,7 @@ and the paper's estimator, both with the probe), on the same held-out text: comp
 packed val sequences (differences paired over them) and all 89 val documents (`learntok eval`).
 
     python table.py SEEDS... > table.md      (run in this folder; seedS/ holds the new run's scores)
+    python table.py 0 1 2 3 4 > five_seeds.md   (section 38: seed 4's runs, in fifty/seed4/)
 
 With several seeds, each difference's mean over the seeds follows, ± its standard error over the seeds.
 """
@@ -35,9 +36,20 @@ def seed_folder_scores(folder: Path, seed: int, sequences: str) -> dict:
                   seed_folder / "eval/table1.json", 0)
 
 
+def kept_runs(seed: int) -> dict:
+    """A seed that sections 23 and 27 did not run (4): its rule, paper's estimator and two-draw start as run beside
+    section 36's 50-step start, kept in fifty/seedS/rule/, paper/ and two_draws/ (those of them that ran)."""
+    folder = here / "fifty" / f"seed{seed}"
+    return {run: scores(folder / run / "compare/results.json", *(folder / run).glob("sequences/*.json"),
+                        folder / run / "eval/table1.json", 0)
+            for run in ("rule", "paper", "two_draws") if (folder / run).is_dir()}
+
+
 def section27_runs(seed: int) -> dict:
     """The scores of one seed's rule, paper's estimator (section 23) and two-draw start (this section)."""
     old = section23(seed)
+    if not old.is_dir():
+        return kept_runs(seed)
     return {
         "rule": scores(old / "compare_word_start/results.json", old / f"sequences/x2_ws_wsl_s{seed}.json",
                        old / "eval/table1.json", 0),

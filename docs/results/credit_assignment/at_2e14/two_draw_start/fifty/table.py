@@ -5,8 +5,9 @@ all 89 val documents.
 
     python table.py 0 2 > table.md      (run in this folder; seedS/ holds the new run's scores)
     python table.py 0 1 2 3 > four_seeds.md   (section 32: seeds 1 and 3 too, which section 29 did not run again)
-    python table.py 0 1 2 3 4 > five_seeds.md (section 36: seed 4, where only the rule and this run ran, both kept
-                                               in seed4/: the rule's scores in seed4/rule/)
+    python table.py 0 1 2 3 4 > five_seeds.md (sections 36 and 38: seed 4, whose rule, paper's estimator and 106-step
+                                               start ran beside this run: their scores in seed4/rule/, seed4/paper/
+                                               and seed4/two_draws/)
 """
 import importlib.util
 import sys
@@ -29,13 +30,9 @@ def redrawn(seed: int) -> dict:
 
 
 def others(seed: int) -> dict:
-    """The runs of sections 23, 27 and 29 in `seed`; in a seed they did not run (4), the rule run beside this one,
-    kept in seedS/rule/."""
-    if section27.section23(seed).is_dir():
-        return {**section27.section27_runs(seed), **redrawn(seed)}
-    rule = here / f"seed{seed}" / "rule"
-    return {"rule": section27.scores(rule / "compare/results.json", rule / f"sequences/x2_ws_wsl_s{seed}.json",
-                                     rule / "eval/table1.json", 0)}
+    """The runs of sections 23, 27 and 29 in `seed`; in a seed they did not run (4), those run beside this one
+    (sections 36 and 38), kept in seedS/rule/, seedS/paper/ and seedS/two_draws/."""
+    return {**section27.section27_runs(seed), **redrawn(seed)}
 
 
 rows = {s: {**others(s), "fifty": section27.seed_folder_scores(here, s, f"x2g50_2e14_s{s}.json")}
