@@ -28,21 +28,22 @@ def scores(compare: Path, sequences: Path, documents: Path, row: int) -> dict:
             "sequences": json.loads(sequences.read_text()), "documents": doc["bpb"]}
 
 
+def folder_scores(folder: Path, sequences: str) -> dict:
+    """The scores of a run kept in `folder` as compare/results.json, sequences/`sequences` (a file name or a pattern
+    that matches one) and eval/table1.json."""
+    return scores(folder / "compare/results.json", *folder.glob(f"sequences/{sequences}"), folder / "eval/table1.json", 0)
+
+
 def seed_folder_scores(folder: Path, seed: int, sequences: str) -> dict:
-    """The scores of a run kept in `folder` as seedS/compare/results.json, seedS/sequences/`sequences` (a file
-    name or a pattern that matches one) and seedS/eval/table1.json."""
-    seed_folder = folder / f"seed{seed}"
-    return scores(seed_folder / "compare/results.json", *seed_folder.glob(f"sequences/{sequences}"),
-                  seed_folder / "eval/table1.json", 0)
+    """`folder_scores` of `folder`/seedS."""
+    return folder_scores(folder / f"seed{seed}", sequences)
 
 
 def kept_runs(seed: int) -> dict:
     """A seed that sections 23 and 27 did not run (4): its rule, paper's estimator and two-draw start as run beside
     section 36's 50-step start, kept in fifty/seedS/rule/, paper/ and two_draws/ (those of them that ran)."""
     folder = here / "fifty" / f"seed{seed}"
-    return {run: scores(folder / run / "compare/results.json", *(folder / run).glob("sequences/*.json"),
-                        folder / run / "eval/table1.json", 0)
-            for run in ("rule", "paper", "two_draws") if (folder / run).is_dir()}
+    return {run: folder_scores(folder / run, "*.json") for run in ("rule", "paper", "two_draws") if (folder / run).is_dir()}
 
 
 def section27_runs(seed: int) -> dict:
