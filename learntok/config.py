@@ -98,6 +98,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm, applied once per optimizer step; 0 disables clipping
     max_bad_steps: int = 5  # stop (at the next log line) after this many steps in a row with a non-finite loss or gradient
     seed: int = 0
+    sample_seed: int | None = None  # seed of the boundary draws (none: seed + 1)
+    #   another value draws other boundaries from the same initialisation and data order: the spread between runs
+    #   of one seed
     log_every: int = 10  # steps between metric lines (metrics.jsonl, averaged over the steps since the last)
     tensorboard: bool = True  # also write TensorBoard events to RUN_DIR/tensorboard, if tensorboard is installed
     eval_every: int = 0  # steps between held-out evaluations (0: only at the end)

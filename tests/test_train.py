@@ -232,6 +232,27 @@ def test_a_run_to_a_flops_budget_resumes_on_its_replanned_schedule(tmp_path):
         without_timing(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
 
 
+def test_sample_seed_redraws_the_boundaries_only(tmp_path):
+    """`train.sample_seed` moves the boundary draws to another stream and leaves the initialisation and the
+    data order of `train.seed` as they are; left unset it is `train.seed + 1`."""
+    def first_steps(name, **train):
+        trainer = tiny_trainer(tmp_path / name, training_bytes=2 * 4 * 64, log_every=1, checkpoint_every=0,
+                               eval_every=0, **train)
+        init = [p.detach().clone() for p in trainer.model.parameters()]
+        batches = [trainer.data.train.next_batch() for _ in range(2)]
+        trainer.data = memory_data(trainer.cfg)  # the same order again, for training
+        trainer.train()
+        return init, batches, without_timing(read_metrics(tmp_path / name / "metrics.jsonl"))
+
+    init, batches, rows = first_steps("default")
+    assert first_steps("explicit", sample_seed=1)[2] == rows  # seed 0's own stream, named
+    other_init, other_batches, other_rows = first_steps("other", sample_seed=1001)
+    assert all(torch.equal(a, b) for a, b in zip(init, other_init, strict=True))
+    assert all(torch.equal(a.inputs, b.inputs) for a, b in zip(batches, other_batches, strict=True))
+    # other boundaries from the first step on: the token counts, and with them the losses, differ
+    assert [r["loss"] for r in other_rows] != [r["loss"] for r in rows]
+
+
 def test_a_run_directory_is_not_silently_reused(tmp_path):
     tiny_trainer(tmp_path / "run", training_bytes=2 * 4 * 64).train()
     with pytest.raises(ckpt_io.CheckpointError, match="--resume"):

@@ -101,6 +101,8 @@ def run_config(settings: CompareSettings, strategy: str, seed: int) -> RunConfig
     cfg = load_config(settings.config, settings.overrides)
     cfg.boundaries.name = strategy
     cfg.train.seed = cfg.train.seed + seed
+    if cfg.train.sample_seed is not None:  # each seed its own boundary draws
+        cfg.train.sample_seed = cfg.train.sample_seed + seed
     # the same held-out sequences for every run: a run with smaller batches gets more of them
     cfg.train.eval_batches = -(-settings.heldout_sequences // cfg.train.batch_size)
     return cfg

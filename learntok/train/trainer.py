@@ -7,8 +7,9 @@ only. Deterministic on CPU for a given seed: a run killed at any point and resum
 same metrics, step for step, as one that was never interrupted (timings aside).
 
 Randomness has three independent, checkpointed sources: the model initialisation (torch's global
-seed), the data order (the data source's own state) and the boundary samples (`self.sample_rng`, from
-which the uniforms of the whole global batch are drawn before it is split into micro-batches).
+seed), the data order (the data source's own state) and the boundary samples (`self.sample_rng`, seeded
+by `train.sample_seed`, from which the uniforms of the whole global batch are drawn before it is split into
+micro-batches).
 
 Metrics (`metrics.jsonl`, one JSON object per line, every `log_every` steps): the step's metrics
 averaged over the applied steps since the previous line, plus
@@ -127,7 +128,8 @@ class Trainer:
         self.data = data or make_data(rank_config(cfg, world), self.dist.rank, world)
         if self.data.segmenter is not None:
             self.model.boundaries.keep_segmenter(self.data.segmenter)
-        self.sample_rng = torch.Generator(device=self.device).manual_seed(t.seed + 1)
+        sample_seed = t.seed + 1 if t.sample_seed is None else t.sample_seed
+        self.sample_rng = torch.Generator(device=self.device).manual_seed(sample_seed)
         self.step = 0
         self.bytes_seen = 0
         self.flops = 0
