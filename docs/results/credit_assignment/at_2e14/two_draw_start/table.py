@@ -40,8 +40,9 @@ def seed_folder_scores(folder: Path, seed: int, sequences: str) -> dict:
 
 
 def kept_runs(seed: int) -> dict:
-    """A seed that sections 23 and 27 did not run (4): its rule, paper's estimator and two-draw start as run beside
-    section 36's 50-step start, kept in fifty/seedS/rule/, paper/ and two_draws/ (those of them that ran)."""
+    """A seed that sections 23 and 27 did not run (4, 5): its rule, paper's estimator and two-draw start as run
+    beside section 36's 50-step start or later, kept in fifty/seedS/rule/, paper/ and two_draws/ (those of them that
+    ran)."""
     folder = here / "fifty" / f"seed{seed}"
     return {run: folder_scores(folder / run, "*.json") for run in ("rule", "paper", "two_draws") if (folder / run).is_dir()}
 
