@@ -200,7 +200,6 @@ def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch
         assert t.batch_size * t.eval_batches == sequences
 
 
-
 def test_each_seed_of_a_comparison_gets_its_own_streams():
     """Run k trains with train.seed + k and, where `train.sample_seed` is set, its boundary draws from
     train.sample_seed + k, so no two seeds share a stream."""
@@ -211,6 +210,7 @@ def test_each_seed_of_a_comparison_gets_its_own_streams():
         settings = CompareSettings(config="cpu_default", strategies=["learned"], flops=1e12, out=Path("unused"),
                                    overrides=["train.seed=3", *overrides], seeds=2)
         assert [(t.seed, t.sample_seed) for t in (run_config(settings, "learned", k).train for k in (0, 1))] == expected
+
 
 def test_flops_per_byte_plans_a_group_that_ends_as_one_draw(prepared):
     """With `group_until_bytes` the plan's cost per byte is the one draw's that most of the run pays: the
