@@ -11,6 +11,7 @@ seeds).
 import importlib.util
 import sys
 from pathlib import Path
+from statistics import fmean
 
 from learntok.eval.benchmarks import mean_and_se
 
@@ -49,9 +50,8 @@ if __name__ == "__main__":
     for label, subset in (("every run", paper_runs),
                           ("runs that found word starts", [(s, r) for s, r in paper_runs if found(r)]),
                           ("runs that missed them", [(s, r) for s, r in paper_runs if not found(r)])):
-        seeds = sorted({s for s, _ in subset})
-        against = [sum(r["sequences"]["bpb"] for t, r in subset if t == s) / sum(t == s for t, _ in subset)
-                   - rows[s]["rule"]["sequences"]["bpb"] for s in seeds if "rule" in rows[s]]
-        m, se = mean_and_se(against) if len(against) > 1 else (against[0] if against else float("nan"), float("nan"))
-        print(f"| {label} | {len(seeds)} | {len(subset)} | {sum(found(r) for _, r in subset)} | "
+        by_seed = {s: [r["sequences"]["bpb"] for t, r in subset if t == s] for s in sorted({s for s, _ in subset})}
+        against = [fmean(bpb) - rows[s]["rule"]["sequences"]["bpb"] for s, bpb in by_seed.items() if "rule" in rows[s]]
+        m, se = mean_and_se(against)
+        print(f"| {label} | {len(by_seed)} | {len(subset)} | {sum(found(r) for _, r in subset)} | "
               f"{m:+.4f} ± {se:.4f} ({len(against)} seeds) |")
