@@ -17,7 +17,8 @@ from learntok.boundaries.whitespace import spacelike
 from learntok.boundaries.word_start import starts_word
 from learntok.data.batch import PAD
 from learntok.data.loader import make_data
-from learntok.train.checkpoint import load_model
+
+from swap_boundaries import load  # this folder's
 
 
 @dataclass
@@ -33,9 +34,7 @@ class Draw:
 
 @torch.no_grad()
 def first_draw(run: str) -> Draw:
-    model, cfg = load_model(next(Path(run, "runs").iterdir()))
-    model.eval()
-    cfg.train.eval_batches = 10**6
+    model, cfg = load(run)
     gen = torch.Generator().manual_seed(1234)  # as `learntok.eval.sequences.evaluate` draws its first sample
     parts = []
     for batch in make_data(cfg).val:
