@@ -68,3 +68,15 @@ def test_frozen_ends_are_the_policys_thresholded_boundaries():
         with torch.no_grad():
             a = m.boundaries(BoundaryInput(m.encode(x), x, valid, forced, uniforms=torch.full(x.shape, 0.5))).a
         assert got == (torch.nonzero(a[0, 1:]).flatten() + 1).tolist()
+
+
+def test_word_starts_with_noise_keep_every_start_and_add_at_the_rate():
+    text = b"one two three, four five.\n    six = seven -- eight " * 300
+    starts = set(tracks.word_start_ends([text])[0])
+    ends = set(tracks.word_start_ends([text], keep=1.0, add=0.03, seed=2)[0])
+    assert starts <= ends
+    others = len(text) - len(starts)
+    assert abs(len(ends - starts) / others - 0.03) < 0.006
+    # the first byte gets no noise: a text that opens with a space keeps no boundary there
+    assert all(1 not in tracks.word_start_ends([b" ab cd"], keep=1.0, add=1.0, seed=s)[0] for s in range(5))
+    assert 1 in tracks.word_start_ends([b"ab cd"], keep=1.0, add=0.0)[0]

@@ -3,15 +3,17 @@ tokens_end --boundary-shift 0`, so that the `file` strategy trains a fresh model
 
     python segmentation_tracks.py noisy CORPUS.jsonl.gz OUT.jsonl --keep R --add Q [--seed S]
     python segmentation_tracks.py freeze CORPUS.jsonl.gz OUT.jsonl --run RUN_DIR
-    python segmentation_tracks.py starts CORPUS.jsonl.gz OUT.jsonl
+    python segmentation_tracks.py starts CORPUS.jsonl.gz OUT.jsonl [--keep R --add Q --seed S]
 
 `noisy`: the whitespace strategy's boundaries, each kept with probability R, plus a boundary at every
 other byte with probability Q, independently: whitespace alignment of a chosen precision and recall with
 no other structure. `freeze`: a trained learned policy's boundaries, thresholded at p > 0.5, each
 document in its own context after BOS, as the policy decides in evaluation. `starts`: a boundary at the
 first byte of every word (`learntok.analysis.word_starts`: a byte that is not space-like after one that
-is), the whitespace strategy's rule a byte later, so as many boundaries. All are causal with
-`--boundary-shift 0`: the decision at byte k reads bytes up to k only (the noise reads none).
+is), the whitespace strategy's rule a byte later, so as many boundaries; with `--keep`/`--add`, noised as
+`noisy` noises whitespace (word starts plus cuts at random elsewhere: a learned find's rate without its
+placement). All are causal with `--boundary-shift 0`: the decision at byte k reads bytes up to k only (the
+noise reads none).
 """
 
 from __future__ import annotations
@@ -35,21 +37,23 @@ LENGTH_STEP = 512  # rows are padded to a multiple of this: a few shapes, not on
 CHUNK = 16384  # bytes per encoder pass
 
 
-def noisy_ends(texts: list[bytes], keep: float, add: float, seed: int) -> list[list[int]]:
+def noisy_ends(texts: list[bytes], keep: float, add: float, seed: int, rule=whitespace_boundaries) -> list[list[int]]:
+    """Token ends: `rule`'s boundaries ((B, T) bytes after BOS -> (B, T) bool) each kept with probability `keep`,
+    plus a boundary at each other byte with probability `add`."""
     rng = np.random.default_rng(seed)
     out = []
     for b in texts:
         x = torch.tensor([BOS, *b])[None]
-        ws = whitespace_boundaries(x)[0, 1:].numpy()  # at document byte k
+        ruled = rule(x)[0, 1:].numpy()  # at document byte k
         u = rng.random(len(b))
-        a = np.where(ws, u < keep, u < add)
-        a[:1] = False  # BOS ends a token already
+        a = np.where(ruled, u < keep, u < add)
+        a[:1] &= ruled[:1]  # no noise at the first byte: BOS ends a token already
         out.append((np.flatnonzero(a) + 1).tolist())
     return out
 
 
-def word_start_ends(texts: list[bytes]) -> list[list[int]]:
-    return [(torch.nonzero(word_starts(torch.tensor([BOS, *b])[None])[0, 1:]).flatten() + 1).tolist() for b in texts]
+def word_start_ends(texts: list[bytes], keep: float = 1.0, add: float = 0.0, seed: int = 0) -> list[list[int]]:
+    return noisy_ends(texts, keep, add, seed, rule=word_starts)
 
 
 def encode_in_chunks(model, x: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
@@ -105,7 +109,7 @@ def main() -> None:
     elif args.kind == "freeze":
         ends = frozen_ends(texts, from_pretrained(args.run))
     else:
-        ends = word_start_ends(texts)
+        ends = word_start_ends(texts, args.keep, args.add, args.seed)
     total = sum(len(t) for t in texts)
     print(f"{len(texts)} documents, {total} bytes, boundary rate {sum(map(len, ends)) / total:.4f}", file=sys.stderr)
     with open(args.out, "w") as f:
