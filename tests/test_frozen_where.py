@@ -21,10 +21,9 @@ spec.loader.exec_module(where)
 def test_span_kinds_worked_example():
     # "ab cd,e" after BOS, cut at BOS (forced), at 'c' (a word start) and at ',' (elsewhere)
     byte = torch.tensor([[BOS, *b"ab cd,e"]])
-    previous = torch.cat([byte[:, :1], byte[:, :-1]], dim=1)
     a = torch.tensor([[1, 0, 0, 0, 1, 0, 1, 0]], dtype=torch.bool)
     forced = torch.tensor([[1, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
-    kinds = where.span_kinds(a, forced, byte, previous)
+    kinds = where.span_kinds(a, forced, byte)
     assert kinds.tolist() == [[0, 0, 0, 0, 1, 1, 2, 2]]
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from learntok.boundaries.whitespace import spacelike
-from learntok.boundaries.word_start import starts_word
+from learntok.boundaries.word_start import starts_word, word_start_boundaries
 from learntok.data.batch import PAD
 from learntok.data.loader import make_data
 from learntok.objectives import LN2
@@ -47,10 +47,10 @@ def run_per_byte(run: str) -> dict[str, torch.Tensor]:
     return per_byte(model, make_data(cfg).val)
 
 
-def span_kinds(a: torch.Tensor, forced: torch.Tensor, byte: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+def span_kinds(a: torch.Tensor, forced: torch.Tensor, byte: torch.Tensor) -> torch.Tensor:
     """(B, T) -> (B, T) int: the kind of the last boundary at or before each position (0 forced, 1 at a word
     start, 2 elsewhere)."""
-    kind = torch.where(forced, 0, torch.where(starts_word(byte, previous), 1, 2))
+    kind = torch.where(forced, 0, torch.where(word_start_boundaries(byte), 1, 2))
     T = a.shape[1]
     pos = torch.arange(T).expand_as(a)
     last = torch.where(a, pos, torch.full_like(pos, -1)).cummax(dim=1).values  # -1: none yet (never: BOS is forced)
@@ -82,7 +82,6 @@ if __name__ == "__main__":
     space, newline = target == ord(" "), target == ord("\n")
     table("byte predicted", {"first byte of a word": first, "rest of a word": word, "space": space,
                              "newline": newline, "anything else": ~first & ~word & ~space & ~newline}, A, B, total)
-    previous = torch.cat([byte[:, :1], byte[:, :-1]], dim=1)
-    kind = span_kinds(B["a"], B["forced"], byte, previous)
+    kind = span_kinds(B["a"], B["forced"], byte)
     table("span in B's segmentation", {"after a cut at a word start": kind == 1, "after a cut elsewhere": kind == 2,
                                        "after a forced boundary": kind == 0}, A, B, total)
