@@ -19,6 +19,7 @@ from swap_boundaries import load  # noqa: E402
 if __name__ == "__main__":
     torch.set_num_threads(1)
     (policy, policy_cfg), (frozen, frozen_cfg) = load(sys.argv[1]), load(sys.argv[2])
+    print(f"{Path(sys.argv[1]).name} / {Path(sys.argv[2]).name}:")
     gen = torch.Generator().manual_seed(1234)
     agree, positions, cuts = {-1: 0, 0: 0, 1: 0}, 0, [0, 0]
     with torch.no_grad():

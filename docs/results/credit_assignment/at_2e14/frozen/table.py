@@ -1,6 +1,7 @@
-"""Section 42: seed 4's learned segmentations frozen and trained from scratch (`file` strategy), beside the rule and
+"""Sections 42 and 43: learned segmentations frozen and trained from scratch (`file` strategy), beside the rule and
 the learned runs they came from, on the same held-out text: compare's 64 sequences and all 418 packed val sequences
-(differences paired over them).
+(differences paired over them). Section 42: seed 4's finds, model seed 4. Section 43: seed 4's paper-estimator find
+and seed 5's 50-step find with model seed 5, and word starts plus random cuts at the finds' rate with model seed 4.
 
     python table.py > table.md      (run in this folder)
 """
@@ -10,16 +11,27 @@ from pathlib import Path
 from learntok.eval.benchmarks import ratio_and_se
 
 here = Path(__file__).parent
-seed4 = here.parent / "two_draw_start" / "fifty" / "seed4"
-RUNS = {  # name: (folder with compare/ and sequences/, label)
-    "rule": (seed4 / "rule", "the rule (word starts), section 36"),
-    "paper": (seed4 / "paper", "the paper's estimator, section 38"),
-    "fifty": (seed4, "the 50-step start, section 36"),
+fifty = here.parent / "two_draw_start" / "fifty"
+SEED4 = {  # name: (folder with compare/ and sequences/, label)
+    "rule": (fifty / "seed4" / "rule", "the rule (word starts), section 36"),
+    "paper": (fifty / "seed4" / "paper", "the paper's estimator, section 38"),
+    "fifty": (fifty / "seed4", "the 50-step start, section 36"),
     "frozen paper": (here / "paper", "the paper estimator's boundaries, frozen"),
     "frozen fifty": (here / "fifty", "the 50-step start's boundaries, frozen"),
+    "random": (here / "random", "word starts + 1.7% random cuts (section 43)"),
 }
-PAIRS = (("frozen paper", "rule"), ("frozen fifty", "rule"), ("frozen paper", "paper"), ("frozen fifty", "fifty"),
-         ("paper", "rule"), ("fifty", "rule"))
+SEED4_PAIRS = (("frozen paper", "rule"), ("frozen fifty", "rule"), ("frozen paper", "paper"),
+               ("frozen fifty", "fifty"), ("paper", "rule"), ("fifty", "rule"), ("random", "rule"),
+               ("frozen paper", "random"), ("frozen fifty", "random"))
+SEED5 = {
+    "rule": (fifty / "seed5" / "rule", "the rule (word starts), section 41"),
+    "paper": (fifty / "seed5" / "paper", "the paper's estimator, section 39 (missed word starts)"),
+    "fifty": (fifty / "seed5", "the 50-step start, section 41"),
+    "frozen paper, seed 4's": (here / "seed5" / "paper_seed4", "seed 4's paper-estimator boundaries, frozen"),
+    "frozen fifty": (here / "seed5" / "fifty", "the 50-step start's boundaries, frozen"),
+}
+SEED5_PAIRS = (("frozen paper, seed 4's", "rule"), ("frozen fifty", "rule"), ("frozen fifty", "fifty"),
+               ("fifty", "rule"), ("paper", "rule"))
 
 
 def scores(folder: Path) -> dict:
@@ -29,19 +41,26 @@ def scores(folder: Path) -> dict:
             "recall": c["word_start_recall"], "sequences": sequences}
 
 
-runs = {name: scores(folder) for name, (folder, _) in RUNS.items()}
-print("| seed 4, 2e14 FLOPs | 64 sequences (compare) | 418 sequences | rate, 64 | word-start precision / recall, 64 | "
-      "training bytes |")
-print("|---|---:|---:|---:|---:|---:|")
-for name, (_, label) in RUNS.items():
-    r = runs[name]
-    print(f"| {label} | {r['compare']:.4f} | {r['sequences']['bpb']:.4f} | {r['rate']:.3f} | "
-          f"{r['precision']:.3f} / {r['recall']:.3f} | {r['bytes'] / 1e6:.1f}M |")
-print()
-print("| difference | 64 sequences | 418 sequences (± paired SE over sequences) |")
-print("|---|---:|---:|")
-for a, b in PAIRS:
-    x, y = runs[a], runs[b]
-    d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"], y["sequences"]["sequence_bits"])],
-                         y["sequences"]["sequence_bytes"])
-    print(f"| {a} - {b} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} |")
+def table(title: str, runs: dict, pairs: tuple) -> None:
+    scored = {name: scores(folder) for name, (folder, _) in runs.items()}
+    print(f"| {title}, 2e14 FLOPs | 64 sequences (compare) | 418 sequences | rate, 64 | "
+          "word-start precision / recall, 64 | training bytes |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (_, label) in runs.items():
+        r = scored[name]
+        print(f"| {label} | {r['compare']:.4f} | {r['sequences']['bpb']:.4f} | {r['rate']:.3f} | "
+              f"{r['precision']:.3f} / {r['recall']:.3f} | {r['bytes'] / 1e6:.1f}M |")
+    print()
+    print("| difference | 64 sequences | 418 sequences (± paired SE over sequences) |")
+    print("|---|---:|---:|")
+    for a, b in pairs:
+        x, y = scored[a], scored[b]
+        d, se = ratio_and_se([p - q for p, q in zip(x["sequences"]["sequence_bits"],
+                                                    y["sequences"]["sequence_bits"])],
+                             y["sequences"]["sequence_bytes"])
+        print(f"| {a} - {b} | {x['compare'] - y['compare']:+.4f} | {d:+.4f} ± {se:.4f} |")
+    print()
+
+
+table("model seed 4", SEED4, SEED4_PAIRS)
+table("model seed 5", SEED5, SEED5_PAIRS)
