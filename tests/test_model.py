@@ -38,6 +38,27 @@ def test_early_exit_head_starts_as_copy_of_final_head():
     assert model.head.proj.weight.data_ptr() != model.early_head.proj.weight.data_ptr()  # a copy, not shared
 
 
+def test_one_seed_starts_every_strategy_from_the_same_byte_model():
+    # the strategy's own layers (the policy's W_j, H-Net's routing, entropy's model) and the word-start probe
+    # are drawn after the byte model's, so runs that differ only in their boundaries share their start
+    def byte_model(name: str, probe: float = 0.0, seed: int = 0) -> dict[str, torch.Tensor]:
+        cfg = tiny_config(name=name)
+        cfg.model.lambda_word_start = probe
+        torch.manual_seed(seed)
+        model = ByteUNet(cfg.model, cfg.boundaries)
+        return {k: v for k, v in model.state_dict().items() if not k.startswith(("boundaries.", "word_start_probe."))}
+
+    reference = byte_model("uniform")
+    assert reference.keys() >= {"embed.weight", "mid.blocks.0.mlp.down.weight", "head.proj.weight"}
+    for name, probe in [("learned", 0.0), ("hnet", 0.0), ("entropy", 0.0), ("dynamic_pooling", 0.0), ("uniform", 1.0)]:
+        other = byte_model(name, probe)
+        assert other.keys() == reference.keys()
+        for key, value in reference.items():
+            assert torch.equal(value, other[key]), (name, probe, key)
+    assert not torch.equal(byte_model("uniform", seed=1)["mid.blocks.0.mlp.down.weight"],
+                           reference["mid.blocks.0.mlp.down.weight"])
+
+
 def test_initial_rate_is_target_and_padding_holds_no_boundary_or_loss():
     cfg = tiny_config(target_rate=0.25)
     model = ByteUNet(cfg.model, cfg.boundaries)
