@@ -90,7 +90,7 @@ class ByteUNet(nn.Module):
         super().__init__()
         self.cfg = cfg
         # one draw from the global generator seeds `reset_parameters`, whatever the constructors below draw
-        init = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
+        init_seed = int(torch.randint(0, 2**62, (), device="cpu"))
         d = cfg.d_model
         stack = lambda n, mult, window: Stack(n, d, cfg.n_heads, int(mult * d), window, cfg.attn_softcap,  # noqa: E731
                                               cfg.rope_theta, cfg.attention)
@@ -104,14 +104,17 @@ class ByteUNet(nn.Module):
         # the logit that byte i starts a word, read from X_i: an auxiliary loss (train/accumulate.py)
         self.word_start_probe = nn.Linear(d, 1) if cfg.lambda_word_start else None
         self.probing = self.word_start_probe is not None  # False once `word_start_until_bytes` have passed
-        self.reset_parameters(init)
+        self.reset_parameters(init_seed)
 
     @torch.no_grad()
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Every linear and embedding weight from N(0, init_std), biases zero. The byte model is drawn first and
-        the boundary strategy's layers and the word-start probe last, so that one seed starts every strategy,
-        with or without the probe, from the same byte model: runs that differ only in their boundaries are
-        paired from their first step (the seeds of `learntok compare`)."""
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Every linear and embedding weight from N(0, init_std), biases zero, drawn from a generator seeded
+        with `seed` (default: the global one). The byte model is drawn first and the boundary strategy's layers
+        and the word-start probe last, so that one seed starts every strategy, with or without the probe, from
+        the same byte model: runs that differ only in their boundaries are paired from their first step (the
+        seeds of `learntok compare`)."""
+        device = self.embed.weight.device
+        generator = None if seed is None or device.type == "meta" else torch.Generator(device).manual_seed(seed)
         own = [self.boundaries] + ([self.word_start_probe] if self.word_start_probe is not None else [])
         own_ids = {id(m) for part in own for m in part.modules()}
         ordered = [m for m in self.modules() if id(m) not in own_ids] + [m for part in own for m in part.modules()]
