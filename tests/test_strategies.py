@@ -441,9 +441,10 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
     from learntok.boundaries.learned import RULES
     from learntok.boundaries.whitespace import pairwise
     from learntok.train.accumulate import log_likelihoods
-    trainer = trainer_on_text("learned", 40, tmp_path, learned={"imitate": rule, "imitate_until": 0.5, "scale": 1.0})
+    trainer = trainer_on_text("learned", 80, tmp_path, learned={"imitate": rule, "imitate_until": 0.5, "scale": 1.0})
     model, strategy = trainer.model, trainer.model.boundaries
-    copying = train_a_few_steps("learned", 20, trainer=trainer)
+    # word starts take a tiny model 20-40 steps to copy (the whitespace rule fewer): 40 for any seed
+    copying = train_a_few_steps("learned", 40, trainer=trainer)
     assert all("loss_imitate" in r and "loss_policy" not in r for r in copying)
     assert np.mean([r["loss_imitate"] for r in copying[-4:]]) < 0.3 * np.mean([r["loss_imitate"] for r in copying[:4]])
 
@@ -462,7 +463,7 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
         free = (x != PAD) & ~out.forced
         loss = strategy.losses(out.boundaries, log_likelihoods(out, batch)[2])
         assert loss.keys() == {"imitate"} and torch.allclose(loss["imitate"][1], nll[free].mean())
-        model.eval()  # evaluation samples the policy: after 20 steps it has copied the rule
+        model.eval()  # evaluation samples the policy: after 40 steps it has copied the rule
         copied = model(x, uniforms=torch.full(x.shape, 0.5)).boundaries.a
         model.train()
         strategy.set_progress(1, 2)  # half the bytes seen: imitation over, training samples the policy too
@@ -526,9 +527,10 @@ def test_capability_attributes_say_what_the_strategy_does(name):
     from test_causality import supplied_for, warm_up
     cfg = tiny_config(name=name)
     model = ByteUNet(cfg.model, cfg.boundaries).eval()
+    spread = torch.Generator().manual_seed(1)  # a fixed draw, not the global state the tests before left
     with torch.no_grad():
         for p in model.boundaries.parameters():
-            p.normal_(std=30.0)  # probabilities spread over (0, 1), so that a threshold rule decides both ways
+            p.normal_(std=30.0, generator=spread)  # probabilities spread over (0, 1): a threshold rule decides both ways
     inputs = random_inputs(2, 40, seed=3)
     padded = torch.cat([inputs, torch.full((2, 24), PAD)], dim=1)
     warm_up(model, inputs)

@@ -32,9 +32,15 @@ def packed_batch() -> Batch:
 
 
 def model(name: str, seed: int) -> ByteUNet:
+    """A tiny model whose strategy's weights are spread (std 10): at their initial size two seeds' policies
+    decide almost alike on a text this short."""
     torch.manual_seed(seed)
     cfg = tiny_config(name=name)
-    return ByteUNet(cfg.model, cfg.boundaries).eval()
+    m = ByteUNet(cfg.model, cfg.boundaries).eval()
+    with torch.no_grad():
+        for p in m.boundaries.parameters():
+            p.normal_(std=10.0, generator=torch.Generator().manual_seed(seed))
+    return m
 
 
 def boundaries(m: ByteUNet, batch: Batch, seed: int = 7) -> torch.Tensor:

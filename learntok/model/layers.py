@@ -460,11 +460,12 @@ class Stack(nn.Module):
         left-aligned (rows gaining different numbers of tokens); the others compute an output that nothing
         may read and are not stored. A sliding-window stack keeps every row at the same length."""
         B, n, _ = x.shape
-        self.reserve(cache, int(cache.length.max()) + n)
+        real = torch.ones(B, n, dtype=torch.bool, device=x.device) if real is None else real
+        # room for what the rows will hold (only real positions are stored), not for n more in every row
+        self.reserve(cache, int((cache.length + real.sum(1)).max()))
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
         window = self.window
         S = cache.layers[0].k.shape[2] if cache.layers else 1
-        real = torch.ones(B, n, dtype=torch.bool, device=x.device) if real is None else real
         length = cache.length[:, None]  # (B, 1)
         # every key's place in its row's sequence: the ring holds the last S places before `length`
         if window is None:  # slot s holds place s: only the filled ones can be seen
