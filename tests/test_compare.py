@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -177,6 +178,16 @@ def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text()
     # sqrt(32 / (3 * 2)) / (40 / 3)
     assert d["se_text"] == pytest.approx(3 ** 0.5 / 10)
     assert d["se"] == pytest.approx((0.0125 + 0.03) ** 0.5)
+    # runs that name their train seeds, the same on both sides, are paired by seed
+    for runs, seeds in ((a, (3, 4)), (b, (4, 3))):
+        for r, s in zip(runs, seeds):
+            r.train_seed = s
+    # b's seed-3 run is b[1]: per seed, 1.0 - 1.35 and 1.2 - 1.25
+    assert bpb_difference(a, b)["se_seeds"] == pytest.approx(statistics.stdev([1.0 - 1.35, 1.2 - 1.25]) / 2 ** 0.5)
+    b[0].train_seed = 5  # other seeds: unpaired again
+    assert bpb_difference(a, b)["se_seeds"] == pytest.approx((0.02 / 2 + 0.005 / 2) ** 0.5)
+    for r in a + b:
+        r.train_seed = None
     one_seed = bpb_difference(a[:1], b)  # no error over seeds with one seed: no verdict, the text's error still shown
     assert one_seed["se"] is None and one_seed["se_text"] is not None
     other_text = run("b", 0, [10, 30, 10])

@@ -2,7 +2,9 @@
 (paper §4.2, figures 3 and 4; the command is `learntok compare`).
 
 Every strategy gets the same config (architecture, optimiser, data, seed) with only `boundaries.name`
-changed, and the same budget of training FLOPs, counted as the trainer counts them (paper §4.2: 6 per
+changed, so that a seed starts every strategy from the same byte model and data order (the strategy's own
+layers are drawn after the byte model's: `ByteUNet.reset_parameters`) and differences are paired by seed;
+and every strategy gets the same budget of training FLOPs, counted as the trainer counts them (paper §4.2: 6 per
 matrix parameter per byte at the byte level, per token at the token level; cumulative `flops` in
 metrics.jsonl). Strategies differ in FLOPs per byte (their realised rate, their own parameters), so
 each trains on a different number of bytes:

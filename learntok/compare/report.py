@@ -74,8 +74,10 @@ def table_markdown(rows: list[dict], budget: float) -> str:
 def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
     """Held-out bpb of runs `a` minus runs `b` (each side's mean over its seeds) and its standard errors:
 
-    se_seeds  from the spread of each side's bpb over its seeds (training noise; None with one seed on
-              either side);
+    se_seeds  training noise, over seeds: where both sides ran the same train seeds (as `learntok compare`
+              runs them), from the spread of the per-seed differences, since a seed starts every strategy from
+              the same byte model and data order and its luck falls on both sides alike; otherwise from the
+              spread of each side's bpb over its seeds. None with one seed on either side;
     se_text   over the held-out sequences, which every run scores: each sequence's bits averaged over each
               side's seeds, the byte-weighted difference's standard error with sequences as the units
               (`ratio_and_se`). The sequences are the same for every run, so the seeds' spread does not hold
@@ -85,7 +87,11 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
               error a verdict uses; None with one seed on either side."""
     diff = statistics.fmean(r.bpb for r in a) - statistics.fmean(r.bpb for r in b)
     se_seeds = None
-    if len(a) > 1 and len(b) > 1:
+    by_seed = {r.train_seed: r.bpb for r in b}
+    paired = len(a) == len(b) == len(by_seed) and None not in by_seed and {r.train_seed for r in a} == by_seed.keys()
+    if len(a) > 1 and paired:
+        se_seeds = statistics.stdev([r.bpb - by_seed[r.train_seed] for r in a]) / len(a) ** 0.5
+    elif len(a) > 1 and len(b) > 1:
         se_seeds = math.hypot(*(statistics.stdev([r.bpb for r in runs]) / len(runs) ** 0.5 for runs in (a, b)))
     se_text = None
     if len({tuple(r.sequence_bytes) for r in a + b}) == 1 and len(a[0].sequence_bytes) > 1:  # the same sequences
@@ -352,7 +358,8 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     verdicts, diffs = claims(results, ws_share), differences(results)
     if diffs:
         notes.insert(1, ("Differences: each strategy's held-out bpb minus the first's (mean over seeds), with the "
-                         "standard error over seeds (training noise), over the held-out sequences (which text was "
+                         "standard error over seeds (training noise; paired by seed, whose byte model and data order every "
+                         "strategy shares), over the held-out sequences (which text was "
                          "held out: the same sequences score every run, so the seeds' spread does not hold it) and "
                          "both in quadrature (`learntok.compare.report.bpb_difference`). A difference beyond two of "
                          "them is more than noise."))
