@@ -5,7 +5,8 @@
 Reads RUNS_DIR/{PREFIX}_s{seed}/results.json (one strategy per folder). Per seed: each setting's held-out bpb,
 its boundary rate and word-start precision / recall and whitespace precision on those sequences, and B - A
 with its standard error over the sequences (compare's `bpb_difference`). Then the mean difference with its
-standard error over the seeds (both settings share each seed's initialisation and data order). The numbers
+standard error over the seeds (both settings share each seed's data order, and its initialisation unless one has
+layers the other lacks, such as the word-start probe, in code before section 44's). The numbers
 also go to PREFIX_A-PREFIX_B.json in the current directory."""
 
 import json

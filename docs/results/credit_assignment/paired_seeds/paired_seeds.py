@@ -1,0 +1,42 @@
+"""Section 44: does one byte model per seed pair two strategies' runs? Learned minus uniform boundaries, seed by
+seed, where the learned run starts from the uniform run's byte model (code with `ByteUNet.reset_parameters`
+drawing the strategy's layers last) and where it starts from its own (the code before, in which the policy's
+layer, drawn between the encoder and the token level, moved every later draw). Both share the seed's data order.
+
+usage: python paired_seeds.py RUNS > table.txt, RUNS holding new_uniform_sS, new_learned_sS and old_learned_sS
+(`learntok compare` folders, one run each)."""
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+
+def bpb(runs: Path, name: str) -> float:
+    run = json.loads((runs / name / "results.json").read_text())["runs"][0]
+    assert run["status"] == "ok", (name, run["message"])
+    return run["bpb"]
+
+
+runs = Path(sys.argv[1])
+seeds = sorted(int(p.name.rsplit("_s", 1)[1]) for p in runs.glob("new_uniform_s*"))
+uniform = [bpb(runs, f"new_uniform_s{s}") for s in seeds]
+sides = {"the same byte model": [bpb(runs, f"new_learned_s{s}") for s in seeds],
+         "its own byte model": [bpb(runs, f"old_learned_s{s}") for s in seeds]}
+print("| train.seed | uniform | learned, the same byte model | learned, its own | difference, same | difference, own |")
+print("|---:|---:|---:|---:|---:|---:|")
+for i, s in enumerate(seeds):
+    same, own = (v[i] for v in sides.values())
+    print(f"| {s} | {uniform[i]:.4f} | {same:.4f} | {own:.4f} | {same - uniform[i]:+.4f} | {own - uniform[i]:+.4f} |")
+n = len(seeds)
+print(f"\n| learned minus uniform, {n} seeds | mean | SD over seeds | SE, paired by seed | SE, unpaired | "
+      "correlation of the two bpbs over seeds |")
+print("|---|---:|---:|---:|---:|---:|")
+for name, learned in sides.items():
+    d = [x - u for x, u in zip(learned, uniform)]
+    unpaired = math.hypot(statistics.stdev(uniform), statistics.stdev(learned)) / n ** 0.5
+    print(f"| {name} | {statistics.fmean(d):+.4f} | {statistics.stdev(d):.4f} | {statistics.stdev(d) / n ** 0.5:.4f} | "
+          f"{unpaired:.4f} | {statistics.correlation(uniform, learned):+.2f} |")
+same, own = ([x - u for x, u in zip(v, uniform)] for v in sides.values())
+print(f"\nvariance of the differences, own / same: {statistics.variance(own) / statistics.variance(same):.2f}")
