@@ -358,10 +358,10 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     verdicts, diffs = claims(results, ws_share), differences(results)
     if diffs:
         notes.insert(1, ("Differences: each strategy's held-out bpb minus the first's (mean over seeds), with the "
-                         "standard error over seeds (training noise; paired by seed, whose byte model and data order every "
-                         "strategy shares), over the held-out sequences (which text was "
-                         "held out: the same sequences score every run, so the seeds' spread does not hold it) and "
-                         "both in quadrature (`learntok.compare.report.bpb_difference`). A difference beyond two of "
+                         "standard error over seeds (training noise; paired by seed, whose byte model and data "
+                         "order every strategy shares), over the held-out sequences (which text was held out: the "
+                         "same sequences score every run, so the seeds' spread does not hold it) and both in "
+                         "quadrature (`learntok.compare.report.bpb_difference`). A difference beyond two of "
                          "them is more than noise."))
     text = "\n".join([f"# Boundary strategies at matched training FLOPs: {corpus}", "", f"`{settings.command}`", "",
                       run_line, "", table, "", *([differences_markdown(diffs), ""] if diffs else []),
