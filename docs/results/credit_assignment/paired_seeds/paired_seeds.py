@@ -3,13 +3,17 @@ seed, where the learned run starts from the uniform run's byte model (code with 
 drawing the strategy's layers last) and where it starts from its own (the code before, in which the policy's
 layer, drawn between the encoder and the token level, moved every later draw). Both share the seed's data order.
 
-usage: python paired_seeds.py RUNS > table.txt, RUNS holding new_uniform_sS, new_learned_sS and old_learned_sS
+Then section 6's four seeds (../four_seeds/results.json, 1.1e13 FLOPs, code before the change: each learned setting
+with a byte model of its own, the seed's data order shared) paired the same way against uniform.
+
+usage: python paired_seeds.py RUNS > table.md, RUNS holding new_uniform_sS, new_learned_sS and old_learned_sS
 (`learntok compare` folders, one run each)."""
 
 import json
 import math
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 
@@ -40,3 +44,18 @@ for name, learned in sides.items():
           f"{unpaired:.4f} | {statistics.correlation(uniform, learned):+.2f} |")
 same, own = ([x - u for x, u in zip(v, uniform)] for v in sides.values())
 print(f"\nvariance of the differences, own / same: {statistics.variance(own) / statistics.variance(same):.2f}")
+
+section6 = defaultdict(dict)  # setting -> {seed: bpb}
+for run in json.loads((Path(__file__).parent.parent / "four_seeds" / "results.json").read_text()):
+    section6[run["setting"]][run["seed"]] = run["bpb"]
+print("\n| section 6, 1.1e13 FLOPs, minus uniform | seeds | mean | SE, paired by seed | SE, unpaired | correlation |")
+print("|---|---:|---:|---:|---:|---:|")
+for setting, bpbs in section6.items():
+    common = sorted(set(bpbs) & set(section6["uniform"]))
+    if setting == "uniform" or len(common) < 3:
+        continue
+    x, u = [bpbs[s] for s in common], [section6["uniform"][s] for s in common]
+    d = [a - b for a, b in zip(x, u)]
+    k = len(common)
+    print(f"| {setting} | {k} | {statistics.fmean(d):+.4f} | {statistics.stdev(d) / k ** 0.5:.4f} | "
+          f"{math.hypot(statistics.stdev(x), statistics.stdev(u)) / k ** 0.5:.4f} | {statistics.correlation(x, u):+.2f} |")
