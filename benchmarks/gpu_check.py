@@ -1033,7 +1033,7 @@ def difference_from(r: dict, base: dict) -> str:
     from learntok.compare.report import bpb_difference
 
     def runs(x):
-        return [SimpleNamespace(bpb=x["val_bpb"], sequence_bits=x.get("sequence_bits", []),
+        return [SimpleNamespace(bpb=x["val_bpb"], train_seed=None, sequence_bits=x.get("sequence_bits", []),
                                 sequence_bytes=x.get("sequence_bytes", []))]
     d = bpb_difference(runs(r), runs(base))
     return f"{d['difference']:+.4f}" + (f" ± {d['se_text']:.4f}" if d["se_text"] is not None else "")
