@@ -23,6 +23,16 @@ def bpb(runs: Path, name: str) -> float:
     return run["bpb"]
 
 
+def pairing(x: list[float], u: list[float]) -> dict:
+    """x minus u, seed by seed (the same seeds in the same order): the mean difference, its SD over seeds, the
+    standard error paired by seed and unpaired (the two sides' spreads pooled), and the two sides' correlation."""
+    d = [a - b for a, b in zip(x, u)]
+    n = len(d)
+    return {"mean": statistics.fmean(d), "sd": statistics.stdev(d), "paired": statistics.stdev(d) / n ** 0.5,
+            "unpaired": math.hypot(statistics.stdev(x), statistics.stdev(u)) / n ** 0.5,
+            "correlation": statistics.correlation(x, u)}
+
+
 runs = Path(sys.argv[1])
 seeds = sorted(int(p.name.rsplit("_s", 1)[1]) for p in runs.glob("new_uniform_s*"))
 uniform = [bpb(runs, f"new_uniform_s{s}") for s in seeds]
@@ -33,17 +43,15 @@ print("|---:|---:|---:|---:|---:|---:|")
 for i, s in enumerate(seeds):
     same, own = (v[i] for v in sides.values())
     print(f"| {s} | {uniform[i]:.4f} | {same:.4f} | {own:.4f} | {same - uniform[i]:+.4f} | {own - uniform[i]:+.4f} |")
-n = len(seeds)
-print(f"\n| learned minus uniform, {n} seeds | mean | SD over seeds | SE, paired by seed | SE, unpaired | "
+print(f"\n| learned minus uniform, {len(seeds)} seeds | mean | SD over seeds | SE, paired by seed | SE, unpaired | "
       "correlation of the two bpbs over seeds |")
 print("|---|---:|---:|---:|---:|---:|")
-for name, learned in sides.items():
-    d = [x - u for x, u in zip(learned, uniform)]
-    unpaired = math.hypot(statistics.stdev(uniform), statistics.stdev(learned)) / n ** 0.5
-    print(f"| {name} | {statistics.fmean(d):+.4f} | {statistics.stdev(d):.4f} | {statistics.stdev(d) / n ** 0.5:.4f} | "
-          f"{unpaired:.4f} | {statistics.correlation(uniform, learned):+.2f} |")
-same, own = ([x - u for x, u in zip(v, uniform)] for v in sides.values())
-print(f"\nvariance of the differences, own / same: {statistics.variance(own) / statistics.variance(same):.2f}")
+paired = {name: pairing(learned, uniform) for name, learned in sides.items()}
+for name, p in paired.items():
+    print(f"| {name} | {p['mean']:+.4f} | {p['sd']:.4f} | {p['paired']:.4f} | {p['unpaired']:.4f} | "
+          f"{p['correlation']:+.2f} |")
+same, own = paired.values()
+print(f"\nvariance of the differences, own / same: {own['sd'] ** 2 / same['sd'] ** 2:.2f}")
 
 section6 = defaultdict(dict)  # setting -> {seed: bpb}
 for run in json.loads((Path(__file__).parent.parent / "four_seeds" / "results.json").read_text()):
@@ -54,8 +62,6 @@ for setting, bpbs in section6.items():
     common = sorted(set(bpbs) & set(section6["uniform"]))
     if setting == "uniform" or len(common) < 3:
         continue
-    x, u = [bpbs[s] for s in common], [section6["uniform"][s] for s in common]
-    d = [a - b for a, b in zip(x, u)]
-    k = len(common)
-    print(f"| {setting} | {k} | {statistics.fmean(d):+.4f} | {statistics.stdev(d) / k ** 0.5:.4f} | "
-          f"{math.hypot(statistics.stdev(x), statistics.stdev(u)) / k ** 0.5:.4f} | {statistics.correlation(x, u):+.2f} |")
+    p = pairing([bpbs[s] for s in common], [section6["uniform"][s] for s in common])
+    print(f"| {setting} | {len(common)} | {p['mean']:+.4f} | {p['paired']:.4f} | {p['unpaired']:.4f} | "
+          f"{p['correlation']:+.2f} |")
