@@ -57,6 +57,16 @@ def random_inputs(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
+@torch.no_grad()
+def spread_strategy_weights(model, std: float, seed: int | None = None) -> None:
+    """Redraw the boundary strategy's weights from N(0, std^2), from a generator seeded with `seed` (default: the
+    global one): at their initial size a tiny model's probabilities sit near the target rate, so boundaries hardly
+    depend on the bytes, and two policies, or a threshold rule, decide almost alike."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    for p in model.boundaries.parameters():
+        p.normal_(std=std, generator=generator)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

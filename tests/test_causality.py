@@ -11,7 +11,7 @@ from learntok.data.batch import PAD, Batch
 from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 
-from conftest import random_inputs, tiny_config
+from conftest import random_inputs, spread_strategy_weights, tiny_config
 
 
 def supplied_for(model, inputs):
@@ -72,10 +72,7 @@ def strategy_configs():
 def test_future_bytes_never_change_past_outputs(name, extra, training):
     cfg = tiny_config(name=name, **extra)
     model = ByteUNet(cfg.model, cfg.boundaries)
-    # larger policy weights than at init, so that boundaries depend strongly on the bytes
-    with torch.no_grad():
-        for p in model.boundaries.parameters():
-            p.normal_(std=1.0)
+    spread_strategy_weights(model, std=1.0)  # so that boundaries depend strongly on the bytes
     inputs = random_inputs(3, 48, seed=1)
     warm_up(model, inputs)
     model.train(training)

@@ -5,7 +5,7 @@ test skips without a CUDA device; `benchmarks/gpu_check.py --stage tests` runs t
 import pytest
 import torch
 
-from conftest import random_inputs, tiny_config
+from conftest import random_inputs, spread_strategy_weights, tiny_config
 from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.unet import ByteUNet
@@ -67,9 +67,7 @@ def test_future_bytes_never_change_past_outputs_on_cuda(training):
     """The learned policy's boundaries drawn by the Triton scan from fixed uniforms (a seeded draw):
     changing byte k changes no output, probability or boundary before k, and does change logits from k."""
     model = model_on_cuda("learned")
-    with torch.no_grad():
-        for p in model.boundaries.parameters():
-            p.normal_(std=1.0)
+    spread_strategy_weights(model, std=1.0)
     model.train(training)
     inputs = random_inputs(3, 48, seed=1).cuda()
     uniforms = torch.rand(inputs.shape, generator=torch.Generator().manual_seed(0)).cuda()

@@ -17,7 +17,7 @@ from learntok.generation import Generation, compiled_step, generate, sample_next
 from learntok.model import layers
 from learntok.unet import ByteUNet
 
-from conftest import random_inputs, tiny_config
+from conftest import random_inputs, spread_strategy_weights, tiny_config
 
 PROMPT = "Hello, wörld! "  # a two-byte character in the prompt
 
@@ -29,9 +29,8 @@ def make_model(name="learned", seed=0, **extra):
     torch.manual_seed(seed)
     cfg = tiny_config(name=name, **extra)
     model = ByteUNet(cfg.model, cfg.boundaries).eval()
-    with torch.no_grad():  # a policy far from uniform, so that boundaries depend on the bytes
-        for p in model.boundaries.parameters():
-            p.normal_(std=1.0)
+    spread_strategy_weights(model, std=1.0)  # a policy far from uniform, so that boundaries depend on the bytes
+    with torch.no_grad():
         if name == "entropy":  # the entropy rule itself (not the uniform fallback), at its median score
             model.boundaries.active.fill_(True)
             model.early_head.proj.weight.normal_(std=0.5)  # entropies that differ from byte to byte

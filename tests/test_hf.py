@@ -29,7 +29,7 @@ from learntok.data.batch import BOS, EOS, PAD  # noqa: E402
 from learntok.eval.scorer import UNetScorer, boundary_uniforms  # noqa: E402
 from learntok.unet import ByteUNet  # noqa: E402
 
-from conftest import tiny_config  # noqa: E402
+from conftest import spread_strategy_weights, tiny_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,9 +40,7 @@ def tiny_unet(name: str = "learned", seed: int = 0) -> ByteUNet:
     torch.manual_seed(seed)
     cfg = tiny_config(name=name)
     model = ByteUNet(cfg.model, cfg.boundaries).eval()
-    with torch.no_grad():  # a policy far from uniform, so that boundaries depend on the bytes and the draws
-        for p in model.boundaries.parameters():
-            p.normal_(std=1.0)
+    spread_strategy_weights(model, std=1.0)  # a policy far from uniform: boundaries depend on the bytes and the draws
     return model
 
 

@@ -20,7 +20,7 @@ from learntok.data.batch import BOS, PAD, VOCAB_SIZE, Batch
 from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 
-from conftest import random_inputs, tiny_config
+from conftest import random_inputs, spread_strategy_weights, tiny_config
 
 
 def byte_input(text: bytes, hidden: torch.Tensor | None = None, **kw) -> BoundaryInput:
@@ -527,10 +527,7 @@ def test_capability_attributes_say_what_the_strategy_does(name):
     from test_causality import supplied_for, warm_up
     cfg = tiny_config(name=name)
     model = ByteUNet(cfg.model, cfg.boundaries).eval()
-    spread = torch.Generator().manual_seed(1)  # a fixed draw, not the global state the tests before left
-    with torch.no_grad():
-        for p in model.boundaries.parameters():
-            p.normal_(std=30.0, generator=spread)  # probabilities spread over (0, 1): a threshold rule decides both ways
+    spread_strategy_weights(model, std=30.0, seed=1)  # probabilities over (0, 1): a threshold rule decides both ways
     inputs = random_inputs(2, 40, seed=3)
     padded = torch.cat([inputs, torch.full((2, 24), PAD)], dim=1)
     warm_up(model, inputs)

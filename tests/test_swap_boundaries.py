@@ -14,7 +14,7 @@ from learntok.data.batch import BOS, PAD, Batch
 from learntok.eval.sequences import evaluate
 from learntok.unet import ByteUNet
 
-from conftest import tiny_config
+from conftest import spread_strategy_weights, tiny_config
 
 SCRIPT = (Path(__file__).resolve().parents[1] / "docs" / "results" / "credit_assignment" / "at_2e14" / "swapped"
           / "swap_boundaries.py")
@@ -37,9 +37,7 @@ def model(name: str, seed: int) -> ByteUNet:
     torch.manual_seed(seed)
     cfg = tiny_config(name=name)
     m = ByteUNet(cfg.model, cfg.boundaries).eval()
-    with torch.no_grad():
-        for p in m.boundaries.parameters():
-            p.normal_(std=10.0, generator=torch.Generator().manual_seed(seed))
+    spread_strategy_weights(m, std=10.0, seed=seed)
     return m
 
 
