@@ -232,6 +232,6 @@ def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path):
     # a model without its tokenizer says what is missing; generation says why it cannot be
     (tmp_path / "model" / "bpe_tokenizer.json").unlink()
     with pytest.raises(ValueError, match="no tokenizer to segment new text"):
-        UNetScorer(from_pretrained(tmp_path / "model"), max_len=64)
+        UNetScorer(from_pretrained(tmp_path / "model"), max_len=64).score(pair)
     with pytest.raises(NotImplementedError, match="cannot generate"):
         generate(from_pretrained(tmp_path / "run"), "hello", max_bytes=3, seed=0)

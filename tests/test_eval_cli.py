@@ -234,6 +234,35 @@ def test_prepared_directory_val_split(capsys, run_dir, tmp_path):
     assert res["extra"]["n_bytes"] == int(val.doc_lengths().sum())
 
 
+def test_a_file_run_scores_a_prepared_directory_with_its_segmentation(capsys, tmp_path, text_file):
+    """`file` takes its boundaries from the data: eval reads the val split's track. Given word starts as the
+    segmentation, a `file` run scores as a `word_start` run with the same weights (one seed, no layers of
+    their own), through prepare, the stored track and the windows of a long document."""
+    import re
+
+    texts = [" " + ("a few words of text, then more words. " * (i % 5 + 1)) * (3 if i == 0 else 1) for i in range(30)]
+    with (tmp_path / "docs.jsonl").open("w") as f:
+        for t in texts:  # a token ends where a word starts (shifted one byte by prepare): word-start boundaries
+            f.write(json.dumps({"text": t, "ends": [m.start() for m in re.finditer(r"(?<= )[^ ]", t)]}) + "\n")
+    assert main(["prepare", str(tmp_path / "docs.jsonl"), "--out", str(tmp_path / "prep"), "--val-fraction", "0.3",
+                 "--boundary-field", "ends", "--quiet"]) == 0
+    capsys.readouterr()
+    bpb = {}
+    for name in ("file", "word_start"):
+        run = make_run(tmp_path / name, name=name)
+        code, out, err = run_cli(capsys, "--checkpoint", run, "--data", tmp_path / "prep", "--max-len", 64, "--json",
+                                 "--no-progress")
+        assert code == 0, err
+        bpb[name] = json.loads(out)["rows"][0]["results"]["heldout"]["bpb"]
+    assert bpb["file"] == pytest.approx(bpb["word_start"], rel=1e-6)
+
+    file_run = tmp_path / "file"
+    code, _, err = run_cli(capsys, "--checkpoint", file_run, "--data", text_file)
+    assert code == 2 and "not a prepared directory" in err
+    code, _, err = run_cli(capsys, "--checkpoint", file_run, "--data", tmp_path / "prep", "--tasks", "lambada")
+    assert code == 2 and "benchmark items bring none" in err
+
+
 def test_report_notes_and_meta(tmp_path):
     from learntok.eval.benchmarks import TaskResult
     from learntok.eval.report import read_report_json, render_markdown, write_report

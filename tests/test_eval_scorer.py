@@ -299,3 +299,67 @@ def test_sampled_rows_use_the_stream_of_their_positions(model):
     (u,) = captured
     for row, n in zip(u, sorted((len(b"first document"), len(b"ctx and a continuation")), reverse=True)):
         assert torch.equal(row[:n], boundary_uniforms(3, n))
+
+
+# --- boundaries that come with the text (`file`) ----------------------------------------------------
+
+
+def word_start_track(doc: bytes) -> torch.Tensor:
+    """The flag a prepared track would store for each byte of `doc` so that a `file` model cuts where the
+    word-start rule cuts: byte j is the input at position j + 1 of the row BOS + doc."""
+    from learntok.boundaries.word_start import word_start_boundaries
+    from learntok.data.batch import BOS
+
+    row = torch.tensor([[BOS, *doc]])
+    return word_start_boundaries(row)[0, 1:]
+
+
+def test_a_file_model_given_the_rules_boundaries_scores_as_the_rule():
+    """A `file` model and a `word_start` model with the same weights, the first given the rule's boundaries
+    as a track: the same NLLs, so the flags reach the positions the loader gives them in training."""
+    rule, given = tiny_model(name="word_start"), tiny_model(name="file")
+    given.load_state_dict(rule.state_dict())
+    rng = random.Random(5)
+    docs = [rand_bytes(rng, n) for n in (12, 40, 63, 7)]
+    expected = scorer_for(rule).score([(b"", d) for d in docs])
+    got = scorer_for(given).score([(b"", d) for d in docs], boundaries=[word_start_track(d) for d in docs])
+    assert [g.nll_nats for g in got] == pytest.approx([e.nll_nats for e in expected], rel=1e-6)
+    shifted = [torch.roll(word_start_track(d), 1) for d in docs]  # one byte late: other scores
+    late = scorer_for(given).score([(b"", d) for d in docs], boundaries=shifted)
+    assert any(abs(a.nll_nats - e.nll_nats) > 1e-3 for a, e in zip(late, expected))
+
+
+def test_held_out_windows_take_their_slice_of_the_documents_boundaries():
+    """A document longer than a row: each window's row gets the flags of its own bytes (by hand here)."""
+    from learntok.data.batch import BOS
+    from learntok.eval.nll import score_rows
+
+    model = tiny_model(name="file")
+    rng = random.Random(2)
+    doc = rand_bytes(rng, 150)
+    bits = torch.rand(150, generator=torch.Generator().manual_seed(0)) < 0.3
+    res = evaluate_heldout([doc], scorer_for(model, max_len=32, overlap=8), max_len=32, overlap=8,
+                           progress=False, boundaries=[bits.numpy()])
+    total, end = 0.0, 0
+    for context, scored in split_windows(b"", doc, 32, 8):
+        end += len(scored)
+        data, start = context + scored, end - len(context) - len(scored)
+        n = len(data)
+        inputs = torch.tensor([[BOS, *data[:-1]]])
+        supplied = torch.zeros(1, n, dtype=torch.bool)
+        supplied[0, 0] = True
+        supplied[0, 1:] = bits[start:start + n - 1]
+        mask = torch.zeros(1, n, dtype=torch.bool)
+        mask[0, n - len(scored):] = True
+        with torch.no_grad():
+            total += float(score_rows(model, inputs, torch.tensor([list(data)]), mask, supplied=supplied).nll[0])
+    assert res.bpb == pytest.approx(total / 150 / math.log(2), rel=1e-6)
+
+
+def test_boundaries_are_asked_for_where_they_are_needed_and_refused_elsewhere():
+    with pytest.raises(ValueError, match="'file' strategy takes its boundaries from the data"):
+        scorer_for(tiny_model(name="file")).score([(b"", b"some text")])
+    with pytest.raises(ValueError, match="makes its own boundaries"):
+        scorer_for(tiny_model(name="uniform")).score([(b"", b"some text")], boundaries=[torch.zeros(9, dtype=torch.bool)])
+    with pytest.raises(ValueError, match="pair 0: 8 boundary flags for 9 bytes"):
+        scorer_for(tiny_model(name="file")).score([(b"", b"some text")], boundaries=[torch.zeros(8, dtype=torch.bool)])

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..eval.benchmarks import TASKS, BenchmarkUnavailableError, evaluate_task
-    from ..eval.heldout import evaluate_heldout, read_heldout, run_heldout_source
+    from ..eval.heldout import evaluate_heldout, heldout_boundaries, read_heldout, run_heldout_source
     from ..eval.report import COLUMNS, render_json, render_markdown, write_report
     from ..eval.scorer import UNetScorer
     from ..train.checkpoint import CheckpointError
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     rows: dict[str, dict] = {}
     failures = 0
-    heldout_docs = None
+    heldout_docs, heldout_source = None, None
     meta: dict = {"checkpoints": {}, "tasks": tasks, "limit": args.limit, "heldout": None,
                   "eval_dir": str(eval_dir) if eval_dir else None}
     for i, ckpt in enumerate(args.checkpoint):
@@ -147,15 +147,27 @@ def run(args: argparse.Namespace) -> int:
             return 2
         cfg = scorer.run_config
         own_heldout = run_heldout_source(cfg)
+        if scorer.data_track and tasks:
+            _say(f"error: {ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data "
+                 f"({scorer.data_track!r} track), and benchmark items bring none: score held-out text only")
+            return 2
         if want_heldout and heldout_docs is None:
-            source = args.data or own_heldout
-            if source is None:
+            heldout_source = args.data or own_heldout
+            if heldout_source is None:
                 _say(f"error: {ckpt} trained on {cfg.data.source!r}, which is not here; give --data")
                 return 2
-            heldout_docs, what = read_heldout(source, field=args.field, limit=args.max_docs, max_bytes=args.max_bytes)
+            heldout_docs, what = read_heldout(heldout_source, field=args.field, limit=args.max_docs,
+                                              max_bytes=args.max_bytes)
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
             _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
+        heldout_bits = None
+        if want_heldout and scorer.data_track:
+            try:
+                heldout_bits = heldout_boundaries(heldout_source, scorer.data_track, heldout_docs)
+            except ValueError as e:
+                _say(f"error: {ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data: {e}")
+                return 2
         if scorer.needs_calibration:
             source = args.calibration_data or own_heldout or args.data
             if source is None:
@@ -185,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         if want_heldout:
             scorer.reset_stats()
             res = evaluate_heldout(heldout_docs, scorer, max_len=scorer.max_len, overlap=scorer.overlap,
-                                   batch_size=args.batch_size, progress=not args.no_progress)
+                                   batch_size=args.batch_size, progress=not args.no_progress, boundaries=heldout_bits)
             res.extra.update(boundary_rate=scorer.boundary_rate, **scorer.describe())
             results["heldout"] = res
             _say(f"  {_line(res)}")

@@ -556,8 +556,10 @@ def score_pairs(
     sort_by_length: bool = True,
     progress: bool = True,
     desc: str | None = None,
+    boundaries: Sequence | None = None,
 ) -> list[ContinuationScore]:
     """Score many pairs in batches of ``batch_size`` and return the scores in input order.
+    ``boundaries``: one array per pair, handed to the scorer with its pair (`UNetScorer.score`).
 
     With ``sort_by_length`` the pairs are sent longest first (less padding per batch; an
     out-of-memory error shows up in the first batch), then put back in order. Each returned score
@@ -575,7 +577,7 @@ def score_pairs(
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             batch = [pairs[i] for i in idx]
-            scores = list(fn(batch))
+            scores = list(fn(batch) if boundaries is None else fn(batch, boundaries=[boundaries[i] for i in idx]))
             if len(scores) != len(batch):
                 raise ValueError(f"scorer returned {len(scores)} scores for {len(batch)} pairs")
             for i, (_, cont), s in zip(idx, batch, scores, strict=True):

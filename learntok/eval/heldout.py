@@ -8,6 +8,10 @@ Sources (:func:`read_heldout`):
 * any file or folder `learntok.data.readers.iter_documents` reads: plain text (one document per
   file), JSON Lines (``--field``, default ``text``), Parquet.
 
+A model whose strategy takes its boundaries from the data and cannot make them (`file`: a user's
+segmentation) scores a prepared directory that holds its track: :func:`heldout_boundaries` reads the
+documents' boundaries, which :func:`evaluate_heldout` hands to the scorer window by window.
+
 Scoring (:func:`evaluate_heldout`): every document is the continuation of an empty context (the model
 sees BOS first), cut into windows of the model's length with :func:`learntok.eval.scorer.split_windows`
 (the first window predicts ``max_len`` bytes, later ones ``max_len - overlap`` bytes after ``overlap``
@@ -25,10 +29,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from .benchmarks import LN2, ScorerLike, TaskResult, mean_and_se, ratio_and_se, score_pairs
 from .scorer import split_windows
 
-__all__ = ["evaluate_heldout", "read_heldout", "run_heldout_source"]
+__all__ = ["evaluate_heldout", "heldout_boundaries", "read_heldout", "run_heldout_source"]
 
 
 def read_heldout(source: str | Path, *, field: str = "text", limit: int | None = None,
@@ -68,6 +74,30 @@ def read_heldout(source: str | Path, *, field: str = "text", limit: int | None =
     return out, what
 
 
+def heldout_boundaries(source: str | Path, track: str, docs: list[bytes]) -> list[np.ndarray]:
+    """The `track` boundaries (bool per byte) of `docs`, the documents :func:`read_heldout` read from the
+    prepared directory `source` (its val split, in order, empty ones dropped, the last perhaps cut)."""
+    from ..data.shards import open_split
+
+    if not (Path(source).is_dir() and (Path(source) / "meta.json").exists()):
+        raise ValueError(f"{source}: not a prepared directory, so it brings no {track!r} boundaries (prepare the text "
+                         f"with its segmentation: `learntok prepare INPUT --out DIR --boundary-field FIELD`)")
+    split = open_split(source, "val")
+    if track not in split.track_names():
+        raise ValueError(f"{source}: its val split has no {track!r} boundary track (it has: "
+                         f"{', '.join(split.track_names()) or 'none'})")
+    bits, stored = [], split.track(track)
+    i = 0
+    for doc in docs:
+        while not len(split.doc(i)):  # read_heldout dropped the empty documents
+            i += 1
+        if bytes(split.doc(i)[:len(doc)]) != doc:
+            raise ValueError(f"{source}: held-out document {len(bits)} is not the split's document {i}")
+        bits.append(np.asarray(stored.doc(i)[:len(doc)], dtype=bool))
+        i += 1
+    return bits
+
+
 def run_heldout_source(cfg) -> str | None:
     """The held-out data a run trained against (`RunConfig.data.source`): ``demo``, or its prepared
     directory when that still exists; None otherwise."""
@@ -88,22 +118,32 @@ def evaluate_heldout(
     batch_size: int = 32,
     name: str = "heldout",
     progress: bool = True,
+    boundaries: list[np.ndarray] | None = None,
 ) -> TaskResult:
     """Pooled bits-per-byte of the documents (see the module docstring). ``max_len`` and ``overlap``
-    should be the scorer's, so that each window is scored as one row.
+    should be the scorer's, so that each window is scored as one row. ``boundaries``: each document's
+    boundary flags (:func:`heldout_boundaries`), for a strategy that takes them from the data.
 
     ``extra``: ``n_bytes``, ``n_windows``, ``se_unit`` (``document`` or ``window``),
     ``mean_doc_bpb`` and its SE, and, when the scorer drew several samples, ``bpb_per_sample`` and
     ``bpb_std_over_samples``."""
     blobs = [d.encode("utf-8") if isinstance(d, str) else bytes(d) for d in documents]
-    blobs = [b for b in blobs if b]
-    pairs, owner = [], []
+    if boundaries is not None and len(boundaries) != len(blobs):
+        raise ValueError(f"{len(boundaries)} boundary arrays for {len(blobs)} documents")
+    kept = [i for i, b in enumerate(blobs) if b]
+    blobs = [blobs[i] for i in kept]
+    pairs, owner, window_bits = [], [], []
     for i, b in enumerate(blobs):
-        for w in split_windows(b"", b, max_len, overlap):
-            pairs.append(w)
+        end = 0  # where the window ends in the document
+        for context, scored in split_windows(b"", b, max_len, overlap):
+            pairs.append((context, scored))
             owner.append(i)
+            end += len(scored)
+            if boundaries is not None:
+                window_bits.append(boundaries[kept[i]][end - len(context) - len(scored):end])
     t0 = time.perf_counter()
-    scores = score_pairs(pairs, scorer, batch_size, progress=progress, desc=name)
+    scores = score_pairs(pairs, scorer, batch_size, progress=progress, desc=name,
+                         boundaries=window_bits if boundaries is not None else None)
     seconds = time.perf_counter() - t0
     doc_bits = [0.0] * len(blobs)
     for i, s in zip(owner, scores):

@@ -154,6 +154,7 @@ class _Row:
     data: bytes  # context part + scored part (the row's bytes after BOS)
     n_scored: int  # the last n_scored bytes are scored
     seed: int
+    supplied: torch.Tensor | None = None  # (len(data),) bool: the boundaries the data brought, byte by byte
 
 
 class UNetScorer:
@@ -184,9 +185,11 @@ class UNetScorer:
             self.model.compile_layers(dynamic=True)
         strategy = model.boundaries
         self.strategy = getattr(strategy, "name", type(strategy).__name__)
-        if not strategy.can_segment:
-            raise ValueError(f"the {self.strategy!r} strategy takes its boundaries from the data "
-                             f"({strategy.supplied_track!r} track); {strategy.without_segmenter}")
+        # a strategy that takes its boundaries from the data (`file`) and cannot make them scores only text
+        # that brings them: `score(..., boundaries=)`, e.g. a prepared directory's track (`heldout_boundaries`)
+        self.supplied_track = getattr(strategy, "supplied_track", "")
+        self.data_track = "" if strategy.can_segment else self.supplied_track
+        self._without_segmenter = getattr(strategy, "without_segmenter", "")
         self.stochastic = bool(getattr(strategy, "stochastic", False))
         if self.stochastic and mode != "sampled" and not strategy.thresholdable:
             raise ValueError(f"boundary mode {mode!r} needs a per-byte boundary probability; the {self.strategy!r} "
@@ -282,21 +285,31 @@ class UNetScorer:
 
     # --- scoring -----------------------------------------------------------------------------------
 
-    def _rows(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None) -> list[_Row]:
+    def _rows(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None,
+              boundaries: Sequence | None) -> list[_Row]:
         rows = []
         for i, (ctx, cont) in enumerate(pairs):
             if not cont:
                 continue
             windows = split_windows(bytes(ctx), bytes(cont), self.max_len, self.overlap)
-            for k in range(self.samples):
-                for w, (c, s) in enumerate(windows):
+            bits = None
+            if boundaries is not None:
+                bits = torch.as_tensor(boundaries[i], dtype=torch.bool).flatten()
+                if len(bits) != len(ctx) + len(cont):
+                    raise ValueError(f"pair {i}: {len(bits)} boundary flags for {len(ctx) + len(cont)} bytes "
+                                     f"(context and continuation)")
+            end = len(ctx)  # where the current window ends in context + continuation
+            for w, (c, s) in enumerate(windows):
+                end += len(s)
+                supplied = None if bits is None else bits[end - len(c) - len(s):end]
+                for k in range(self.samples):
                     if seeds is None:
                         seed = draw_seed(self.seed, k)
                     elif w == 0 and k == 0:
                         seed = int(seeds[i])
                     else:
                         seed = _derived_seed(int(seeds[i]), k, w)
-                    rows.append(_Row(i, k, c + s, len(s), seed))
+                    rows.append(_Row(i, k, c + s, len(s), seed, supplied))
         return rows
 
     def _forward(self, rows: list[_Row]) -> list[tuple[float, bool]]:
@@ -314,6 +327,12 @@ class UNetScorer:
             targets[r, :n] = data
             scored[r, n - row.n_scored:n] = True
         uniforms = self._uniforms(rows, T)
+        supplied = None
+        if rows[0].supplied is not None:  # the row's bytes are inputs 1 .. n - 1; BOS is a boundary
+            supplied = torch.zeros((B, T), dtype=torch.bool)
+            supplied[:, 0] = True
+            for r, row in enumerate(rows):
+                supplied[r, 1:len(row.data)] = row.supplied[:-1]
         if self.model.layers_compiled and B == 1:
             # dynamo specialises a batch of one (sizes 0 and 1 are never symbolic), so a lone row would
             # compile every layer again: it runs beside a row of padding (BOS, then PAD, nothing scored)
@@ -322,22 +341,38 @@ class UNetScorer:
             targets = torch.cat([targets, torch.full_like(targets, PAD)])
             scored = torch.cat([scored, torch.zeros_like(scored)])
             uniforms = None if uniforms is None else torch.cat([uniforms, uniforms])
+            supplied = None if supplied is None else torch.cat([supplied, supplied])
         inputs, targets, scored = inputs.to(self.device), targets.to(self.device), scored.to(self.device)
-        res = score_rows(self.model, inputs, targets, scored, uniforms=uniforms)
+        supplied = None if supplied is None else supplied.to(self.device)
+        res = score_rows(self.model, inputs, targets, scored, supplied=supplied, uniforms=uniforms)
         decide = (inputs != PAD) & ~res.forced
         self._boundaries += int((res.boundaries & decide).sum())
         self._decisions += int(decide.sum())
         return list(zip(res.nll[:B].tolist(), (res.misses[:B] == 0).tolist()))
 
-    def score(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None = None) -> list[ModelScore]:
+    def score(self, pairs: Sequence[tuple[bytes, bytes]], seeds: Sequence[int] | None = None,
+              boundaries: Sequence | None = None) -> list[ModelScore]:
         """One :class:`ModelScore` per pair, in order. ``seeds`` (one int per pair) replaces the
         position-indexed streams; the first window of the first draw then uses exactly that seed (later
-        windows and draws derive theirs from it). An empty continuation scores 0."""
+        windows and draws derive theirs from it). An empty continuation scores 0.
+
+        ``boundaries`` (one bool array per pair, a flag for each byte of context + continuation, as a
+        prepared dataset's track stores them): the boundaries the text brings, for a strategy that takes
+        them from the data (``data_track``: `file`, which needs them; `bpe`, which makes its own without)."""
         if seeds is not None and len(seeds) != len(pairs):
             raise ValueError(f"{len(seeds)} seeds for {len(pairs)} pairs")
         if self.needs_calibration:
             raise RuntimeError("quantile mode needs a threshold: call calibrate() first or pass tau=")
-        rows = self._rows(pairs, seeds)
+        if boundaries is None and self.data_track:
+            raise ValueError(f"the {self.strategy!r} strategy takes its boundaries from the data "
+                             f"({self.data_track!r} track) and cannot make them ({self._without_segmenter}): give "
+                             f"each pair's boundaries, or score a prepared directory that holds the track")
+        if boundaries is not None:
+            if not self.supplied_track:
+                raise ValueError(f"the {self.strategy!r} strategy makes its own boundaries: it takes none with the text")
+            if len(boundaries) != len(pairs):
+                raise ValueError(f"{len(boundaries)} boundary arrays for {len(pairs)} pairs")
+        rows = self._rows(pairs, seeds, boundaries)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i].data))  # less padding per forward
         nll = [[0.0] * self.samples for _ in pairs]
         greedy = [[True] * self.samples for _ in pairs]
