@@ -17,7 +17,7 @@ from learntok.eval.benchmarks import (
     evaluate_multiple_choice,
 )
 from learntok.eval.heldout import evaluate_heldout
-from learntok.eval.scorer import UNetScorer, boundary_uniforms, draw_seed, split_windows
+from learntok.eval.scorer import UNetScorer, boundary_uniforms, draw_seed, split_windows, window_spans
 from learntok.unet import ByteUNet
 
 MAX_LEN = 64
@@ -67,9 +67,10 @@ def test_split_windows_cover_the_continuation_once(n_ctx, n_cont, max_len, overl
     windows = split_windows(ctx, cont, max_len, overlap)
     assert b"".join(s for _, s in windows) == cont
     full, pos = ctx + cont, len(ctx)
-    for c, s in windows:
+    for (c, s), span in zip(windows, window_spans(len(ctx), windows), strict=True):
         assert 0 < len(c) + len(s) <= max_len
         assert full[pos - len(c):pos] == c  # the context part is what precedes the scored part
+        assert full[span] == c + s  # where the window lies in context + continuation
         pos += len(s)
     if n_cont <= max_len:
         assert len(windows) == 1 and len(windows[0][0]) == min(n_ctx, max_len - n_cont)

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .benchmarks import LN2, ScorerLike, TaskResult, mean_and_se, ratio_and_se, score_pairs
-from .scorer import split_windows
+from .scorer import split_windows, window_spans
 
 __all__ = ["evaluate_heldout", "heldout_boundaries", "read_heldout", "run_heldout_source"]
 
@@ -134,13 +134,11 @@ def evaluate_heldout(
     blobs = [blobs[i] for i in kept]
     pairs, owner, window_bits = [], [], []
     for i, b in enumerate(blobs):
-        end = 0  # where the window ends in the document
-        for context, scored in split_windows(b"", b, max_len, overlap):
-            pairs.append((context, scored))
-            owner.append(i)
-            end += len(scored)
-            if boundaries is not None:
-                window_bits.append(boundaries[kept[i]][end - len(context) - len(scored):end])
+        windows = split_windows(b"", b, max_len, overlap)
+        pairs += windows
+        owner += [i] * len(windows)
+        if boundaries is not None:
+            window_bits += [boundaries[kept[i]][span] for span in window_spans(0, windows)]
     t0 = time.perf_counter()
     scores = score_pairs(pairs, scorer, batch_size, progress=progress, desc=name,
                          boundaries=window_bits if boundaries is not None else None)

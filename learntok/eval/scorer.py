@@ -75,6 +75,7 @@ __all__ = [
     "draw_seed",
     "split_windows",
     "threshold_uniform",
+    "window_spans",
 ]
 
 BOUNDARY_MODES = ("sampled", "threshold", "quantile")
@@ -145,6 +146,16 @@ def split_windows(context: bytes, continuation: bytes, max_len: int, overlap: in
         out.append((full[lo:n_ctx + start], continuation[start:end]))
         start, step = end, max_len - overlap
     return out
+
+
+def window_spans(n_context: int, windows: list[tuple[bytes, bytes]]) -> list[slice]:
+    """Where each window of ``split_windows(context, continuation, ...)`` lies in ``context + continuation``
+    (``n_context = len(context)``): its context part followed by its scored part."""
+    spans, end = [], n_context
+    for c, s in windows:
+        end += len(s)
+        spans.append(slice(end - len(c) - len(s), end))
+    return spans
 
 
 @dataclass
@@ -298,10 +309,8 @@ class UNetScorer:
                 if len(bits) != len(ctx) + len(cont):
                     raise ValueError(f"pair {i}: {len(bits)} boundary flags for {len(ctx) + len(cont)} bytes "
                                      f"(context and continuation)")
-            end = len(ctx)  # where the current window ends in context + continuation
-            for w, (c, s) in enumerate(windows):
-                end += len(s)
-                supplied = None if bits is None else bits[end - len(c) - len(s):end]
+            for w, ((c, s), span) in enumerate(zip(windows, window_spans(len(ctx), windows))):
+                supplied = None if bits is None else bits[span]
                 for k in range(self.samples):
                     if seeds is None:
                         seed = draw_seed(self.seed, k)
