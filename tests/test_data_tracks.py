@@ -135,3 +135,32 @@ def test_track_files_are_checked(tmp_path):
     (out / "train" / "track-file_00000.bin").write_bytes(b"\x00")  # should be 2 bytes for 10 bits
     with pytest.raises(ShardError, match="expected 2"):
         open_split(out, "train").track("file")
+
+
+def test_heldout_boundaries_follow_the_documents_read_heldout_reads(tmp_path):
+    from learntok.eval.heldout import heldout_boundaries, read_heldout
+
+    out = tmp_path / "ds"
+    val = [(b"abcdef", [1, 4]), (b"ghij", [0, 3]), (b"klmnop", [2, 5])]
+    with DatasetWriter(out, tracks=("file",)) as w:
+        w.add("train", b"train text", {"file": np.zeros(10, dtype=bool)})
+        for doc, seg in val:
+            bits = np.zeros(len(doc), dtype=bool)
+            bits[seg] = True
+            w.add("val", doc, {"file": bits})
+        w.commit({"source": ["test"], "tracks": {"file": {"source": "test", "shift": 1}}})
+    # the third document cut to 2 bytes
+    docs, _ = read_heldout(out, max_bytes=12)
+    assert docs == [b"abcdef", b"ghij", b"kl"]
+    bits = heldout_boundaries(out, "file", docs)
+    assert [np.flatnonzero(b).tolist() for b in bits] == [[1, 4], [0, 3], []]
+    assert [len(b) for b in bits] == [6, 4, 2]
+    with pytest.raises(ValueError, match="document 1 is not the split's document 1"):
+        heldout_boundaries(out, "file", [b"abcdef", b"gxij"])
+    with pytest.raises(ValueError, match="4 held-out documents, but its val split has 3"):
+        heldout_boundaries(out, "file", [b"abcdef", b"ghij", b"klmnop", b"q"])
+    with pytest.raises(ValueError, match="no 'bpe' boundary track"):
+        heldout_boundaries(out, "bpe", docs)
+    (tmp_path / "plain.txt").write_text("abcdef")
+    with pytest.raises(ValueError, match="not a prepared directory"):
+        heldout_boundaries(tmp_path / "plain.txt", "file", docs)

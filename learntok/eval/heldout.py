@@ -47,18 +47,17 @@ def read_heldout(source: str | Path, *, field: str = "text", limit: int | None =
 
         docs = [build_demo_corpus().val]
         what = "demo corpus held-out stream"
-    elif Path(source).is_dir() and (Path(source) / "meta.json").exists():
+    elif _is_prepared(source):
         from ..data.shards import open_split
 
-        split = open_split(source, "val")
+        split = open_split(source, "val")  # documents are stored non-empty
         docs = (bytes(split.doc(i)) for i in range(len(split)))
         what = f"{source} (val split)"
     else:
         from ..data.readers import iter_documents
 
-        docs = iter_documents(source, field=field)
+        docs = (d for d in iter_documents(source, field=field) if d)
         what = str(source)
-    docs = (d for d in docs if d)
     if limit is not None:
         docs = itertools.islice(docs, limit)
     out, total = [], 0
@@ -76,26 +75,28 @@ def read_heldout(source: str | Path, *, field: str = "text", limit: int | None =
 
 def heldout_boundaries(source: str | Path, track: str, docs: list[bytes]) -> list[np.ndarray]:
     """The `track` boundaries (bool per byte) of `docs`, the documents :func:`read_heldout` read from the
-    prepared directory `source` (its val split, in order, empty ones dropped, the last perhaps cut)."""
+    prepared directory `source`: its val split's documents in order, the last perhaps cut."""
     from ..data.shards import open_split
 
-    if not (Path(source).is_dir() and (Path(source) / "meta.json").exists()):
+    if not _is_prepared(source):
         raise ValueError(f"{source}: not a prepared directory, so it brings no {track!r} boundaries (prepare the text "
                          f"with its segmentation: `learntok prepare INPUT --out DIR --boundary-field FIELD`)")
     split = open_split(source, "val")
     if track not in split.track_names():
         raise ValueError(f"{source}: its val split has no {track!r} boundary track (it has: "
                          f"{', '.join(split.track_names()) or 'none'})")
-    bits, stored = [], split.track(track)
-    i = 0
-    for doc in docs:
-        while not len(split.doc(i)):  # read_heldout dropped the empty documents
-            i += 1
+    stored, bits = split.track(track), []
+    for i, doc in zip(range(len(split)), docs):
         if bytes(split.doc(i)[:len(doc)]) != doc:
             raise ValueError(f"{source}: held-out document {len(bits)} is not the split's document {i}")
         bits.append(np.asarray(stored.doc(i)[:len(doc)], dtype=bool))
-        i += 1
+    if len(bits) != len(docs):
+        raise ValueError(f"{source}: {len(docs)} held-out documents, but its val split has {len(bits)}")
     return bits
+
+
+def _is_prepared(source: str | Path) -> bool:
+    return Path(source).is_dir() and (Path(source) / "meta.json").exists()
 
 
 def run_heldout_source(cfg) -> str | None:
@@ -104,9 +105,7 @@ def run_heldout_source(cfg) -> str | None:
     source = cfg.data.source
     if source == "demo":
         return "demo"
-    if Path(source).is_dir() and (Path(source) / "meta.json").exists():
-        return source
-    return None
+    return source if _is_prepared(source) else None
 
 
 def evaluate_heldout(
