@@ -85,13 +85,13 @@ def heldout_boundaries(source: str | Path, track: str, docs: list[bytes]) -> lis
     if track not in split.track_names():
         raise ValueError(f"{source}: its val split has no {track!r} boundary track (it has: "
                          f"{', '.join(split.track_names()) or 'none'})")
+    if len(docs) > len(split):
+        raise ValueError(f"{source}: {len(docs)} held-out documents, but its val split has {len(split)}")
     stored, bits = split.track(track), []
-    for i, doc in zip(range(len(split)), docs):
+    for i, doc in enumerate(docs):
         if bytes(split.doc(i)[:len(doc)]) != doc:
-            raise ValueError(f"{source}: held-out document {len(bits)} is not the split's document {i}")
+            raise ValueError(f"{source}: held-out document {i} is not the split's document {i}")
         bits.append(np.asarray(stored.doc(i)[:len(doc)], dtype=bool))
-    if len(bits) != len(docs):
-        raise ValueError(f"{source}: {len(docs)} held-out documents, but its val split has {len(bits)}")
     return bits
 
 
