@@ -244,8 +244,9 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     """The tests that need a CUDA device (they skip on a CPU): Triton scan bit for bit, FlexAttention and
     SDPA against the dense reference, bf16 against fp32, compiled stacks without recompiles, causality."""
     xml = work / "cuda_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", f"--junitxml={xml}",
-           *CUDA_TESTS]
+    # no:logging: the captured DEBUG records of torch's tracing would fill the output tail
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda",
+           f"--junitxml={xml}", *CUDA_TESTS]
     say("running:", " ".join(cmd[1:]))
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -254,12 +255,17 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]
+    failures = {}  # test -> the first line of what it raised (the tail shows only the last failure)
+    for case in suite.iter("testcase"):
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            first_line = (problem.get("message") or "").split("\n")[0]
+            failures[f"{case.get('classname')}::{case.get('name')}"] = first_line[:400]
+    failed = list(failures)
     result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": proc.returncode,
               "seconds": round(time.perf_counter() - start, 1), **counts,
               "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-              "failed": failed, "output_tail": output[-3000:]}
+              "failed": failed, "failure_messages": failures, "output_tail": output[-3000:]}
     if proc.returncode not in (0, 5) or failed:  # 5: nothing collected
         result["error"] = f"{len(failed)} CUDA test(s) failed: {', '.join(failed) or output[-500:]}"
     return result
@@ -909,7 +915,9 @@ def render(parts: dict) -> str:
                   f"{tests.get('failures', 0) + tests.get('errors', 0)} failed, {tests.get('skipped', 0)} skipped "
                   f"in {tests.get('seconds', '?')} s", ""]
         if tests.get("failed") or tests.get("error"):
-            lines += ["Failed: " + ", ".join(tests.get("failed", [])), "", "```", tests.get("output_tail", ""), "```", ""]
+            messages = tests.get("failure_messages", {})
+            lines += ["Failed:", ""] + [f"- `{name}`: {messages.get(name, '')}" for name in tests.get("failed", [])]
+            lines += ["", "```", tests.get("output_tail", ""), "```", ""]
     figures = parts.get("figures", {}).get("result")
     if figures:
         lines += ["## Figures", ""] + render_figures(figures)

@@ -118,6 +118,66 @@ def test_flex_window_computes_two_key_blocks_per_query_block():
     assert int(visited[-1]) * 128 == 256
 
 
+def block_lists(mask):
+    """Each of a BlockMask's four block lists as Python lists per row: the first `count` indices of each row
+    (FlexAttention reads no further)."""
+    lists = {}
+    for count, indices in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices"),
+                           ("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")):
+        counts, rows = getattr(mask, count)[0, 0].tolist(), getattr(mask, indices)[0, 0].tolist()
+        lists[indices] = [row[:c] for c, row in zip(counts, rows)]
+    return lists
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_flex_block_mask_lists_the_blocks_create_block_mask_lists(block):
+    """flex_block_mask works the blocks out from their numbers; create_block_mask evaluates every pair of
+    positions: the same partial and full blocks, in the same order, both ways round, for every length
+    (a last block cut short included) and windows shorter than, equal to, between and longer than blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from learntok.model.layers import _window_mask_mod, flex_block_mask
+    for T in range(1, 5 * block + 2):
+        for window in (None, 1, 3, block - 1, block, block + 1, 2 * block, 2 * block + 3, 100):
+            expected = create_block_mask(_window_mask_mod(window), None, None, T, T, device="cpu", BLOCK_SIZE=block)
+            mask = flex_block_mask(T, window, "cpu", block=block)
+            assert block_lists(mask) == block_lists(expected), (T, window)
+            assert mask.seq_lengths == (T, T) and mask.BLOCK_SIZE == (block, block)
+
+
+def test_flex_block_mask_at_the_training_block_size():
+    """The same at 128-position blocks, on token-level lengths and the byte level's 4096 with its window."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from learntok.model.layers import _window_mask_mod, flex_block_mask
+    for T, window in [(300, None), (420, None), (1024, None), (4096, 64), (4096, 256), (4000, 200)]:
+        expected = create_block_mask(_window_mask_mod(window), None, None, T, T, device="cpu")
+        assert block_lists(flex_block_mask(T, window, "cpu")) == block_lists(expected), (T, window)
+
+
+def test_compiled_flex_stack_sorts_nothing():
+    """Inside a graph compiled for CUDA with a symbolic length, Inductor could not generate code for
+    create_block_mask's work (CantSplit, torch 2.11), which no CPU run reproduces. The graph a FlexAttention
+    stack compiles to, for any length, holds none of that work: no sort of blocks (create_block_mask's graph
+    had one)."""
+    from learntok.model.layers import Stack
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    stack = Stack(2, 32, 2, 64, None, 50.0, 10_000.0, kernel="flex")
+    compiled = torch.compile(stack, backend=capture, dynamic=True)
+    T = 200
+    with torch.no_grad():  # FlexAttention has no backward on a CPU
+        compiled(torch.randn(2, T, 32), torch.arange(T).expand(2, T))
+    assert graphs
+    targets = {str(node.target) for gm in graphs for node in gm.graph.nodes
+               if node.op in ("call_function", "call_method")}
+    assert "flex_attention" in " ".join(targets)
+    assert not [t for t in targets if "sort" in t], targets
+
+
 def compiled_flex_stack_against_eager(window: int | None, backend: str, lengths: tuple[int, ...], device: str = "cpu",
                                      head_dim: int = 16, atol: float = 1e-5, dynamic: bool | None = None) -> None:
     """A stack of two FlexAttention blocks compiled by `backend` against itself eager, on rows of each of

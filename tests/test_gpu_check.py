@@ -189,6 +189,22 @@ def test_the_report_renders_an_h200_run_and_shows_a_sync_it_cannot_place():
             "accumulate.py:186 x1, step x0, rest of the step x1") in text
 
 
+def test_each_failed_cuda_test_is_listed_with_what_it_raised():
+    """The tests of a real GPU run in which six failed; the output tail shows the last failure only, so each
+    failure's first line, as the report now records it from pytest's XML, is listed beside its test."""
+    import json
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import render
+    tests = json.loads((ROOT / "benchmarks/gpu/h200-2026-11-29/part_tests.json").read_text())
+    assert len(tests["result"]["failed"]) == 6
+    name = tests["result"]["failed"][0]
+    tests["result"]["failure_messages"] = {name: "torch._inductor.exc.InductorError: CantSplit: ..."}
+    text = render({"tests": tests})
+    assert "11 passed, 6 failed, 0 skipped" in text
+    assert f"- `{name}`: torch._inductor.exc.InductorError: CantSplit: ..." in text
+    assert f"- `{tests['result']['failed'][1]}`: " in text  # a run recorded before the messages: names alone
+
+
 def test_warning_stacks_keep_the_caller_of_a_matching_warning():
     import warnings
     sys.path.insert(0, str(ROOT / "benchmarks"))

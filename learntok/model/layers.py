@@ -130,6 +130,62 @@ _FLEX_BLOCK_MASKS: dict[tuple, object] = {}
 _compiled_flex = None
 
 
+def _window_mask_mod(window: int | None):
+    """FlexAttention's mask_mod for this module's window convention: q - W < k <= q."""
+    if window is None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+    return mask_mod
+
+
+def _ordered_blocks(lo, hi, full_lo, full_hi, width: int):
+    """Each row's blocks as FlexAttention lists them, for rows whose visited blocks are [lo, hi] and whose
+    full blocks (no position masked) are [full_lo, full_hi] inside it, empty where full_lo > full_hi; all
+    (n,) int64. The partial blocks are what is left: [lo, full_lo - 1] then [full_hi + 1, hi]. Returns the
+    counts (1, 1, n) and ascending indices (1, 1, n, width), zeros past the count, int32, partial then full."""
+    empty = full_lo > full_hi
+    full_lo, full_hi = torch.where(empty, hi + 1, full_lo), torch.where(empty, hi, full_hi)
+    before, after = full_lo - lo, hi - full_hi  # partial blocks before and after the full ones
+    p = torch.arange(width, device=lo.device)[None, :]  # (1, width): place in the row's list
+    partial = torch.where(p < before[:, None], lo[:, None] + p, full_hi[:, None] + 1 + p - before[:, None])
+    partial = torch.where(p < (before + after)[:, None], partial, 0)
+    n_full = full_hi - full_lo + 1
+    full = torch.where(p < n_full[:, None], full_lo[:, None] + p, 0)
+    return [t.to(torch.int32)[None, None] for t in (before + after, partial, n_full, full)]
+
+
+def flex_block_mask(T: int, window: int | None, device, block: int = FLEX_BLOCK):
+    """FlexAttention's BlockMask for causal attention over T positions, within `window` keys or over all
+    earlier ones, in blocks of `block` x `block` positions: what `create_block_mask` builds, worked out from
+    the block numbers instead. create_block_mask evaluates the mask at all T^2 pairs, sums it per block and
+    sorts each row of blocks; inside a graph compiled for CUDA with a symbolic T (the token level), Inductor
+    could not generate that code (CantSplit, torch 2.11 on an H200). Here each row's blocks are two or three
+    ranges, in a handful of elementwise operations. A block is full when none of its pairs is masked and it
+    holds no position past T."""
+    n = (T + block - 1) // block
+    rows = torch.arange(n, device=device)
+    whole = T // block  # blocks with no position past T
+    # key blocks of query block i: [lo, i]; full ones [full_lo, i - 1] (q - k < W for every pair)
+    q_first = rows * block
+    kv_lo = torch.zeros_like(rows) if window is None else ((q_first - window + 1) // block).clamp(min=0)
+    kv_full_lo = torch.zeros_like(rows) if window is None else (rows + 1 - window // block).clamp(min=0)
+    kv_full_hi = torch.where(rows < whole, rows - 1, -1)
+    kv = _ordered_blocks(kv_lo, rows, kv_full_lo, kv_full_hi, n)
+    # query blocks of key block j: [j, hi]; full ones [j + 1, full_hi]
+    k_last = torch.clamp(rows * block + block, max=T) - 1
+    q_hi = torch.full_like(rows, n - 1) if window is None else ((k_last + window - 1) // block).clamp(max=n - 1)
+    q_full_hi = torch.full_like(rows, whole - 1) if window is None else rows + window // block - 1
+    q_full_hi = torch.where(rows < whole, q_full_hi.clamp(max=whole - 1), -1)
+    q = _ordered_blocks(rows, q_hi, rows + 1, q_full_hi, n)
+    from torch.nn.attention.flex_attention import BlockMask
+    return BlockMask(seq_lengths=(T, T), kv_num_blocks=kv[0], kv_indices=kv[1], full_kv_num_blocks=kv[2],
+                     full_kv_indices=kv[3], q_num_blocks=q[0], q_indices=q[1], full_q_num_blocks=q[2],
+                     full_q_indices=q[3], BLOCK_SIZE=(block, block), mask_mod=_window_mask_mod(window))
+
+
 def flex_attention(q, k, v, window: int | None, cap: float | torch.Tensor | None) -> torch.Tensor:
     """Sliding-window (`window` keys) or full (`window` None) causal attention over (B, H, T, hd) through
     FlexAttention. Key blocks (`FLEX_BLOCK` x `FLEX_BLOCK` positions) that are wholly masked are skipped,
@@ -138,15 +194,7 @@ def flex_attention(q, k, v, window: int | None, cap: float | torch.Tensor | None
     on CUDA it compiles FlexAttention alone (the block masks cached per length; the token level sees few
     lengths, multiples of `model.token_multiple`); on a CPU it runs FlexAttention's unfused reference, for tests."""
     global _compiled_flex
-    from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
-
-    if window is None:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx
-    else:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score if cap is None else cap * torch.tanh(score / cap)
@@ -157,11 +205,11 @@ def flex_attention(q, k, v, window: int | None, cap: float | torch.Tensor | None
         # whole stack back to eager, a small graph per piece) and no mask cache (keyed by the length, it would
         # recompile per length). Contiguous q, k, v: Inductor's CPU kernel misreads the layout the RoPE
         # leaves them in (torch 2.13); on CUDA it only fixes the layout the RoPE's kernel writes.
-        block_mask = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
+        block_mask = flex_block_mask(T, window, q.device)
         return flex(q.contiguous(), k.contiguous(), v.contiguous(), score_mod=score_mod, block_mask=block_mask)
     key = (window, T, str(q.device))
     if key not in _FLEX_BLOCK_MASKS:
-        _FLEX_BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, T, T, device=q.device, BLOCK_SIZE=FLEX_BLOCK)
+        _FLEX_BLOCK_MASKS[key] = flex_block_mask(T, window, q.device)
     if q.is_cuda:
         if _compiled_flex is None:
             # automatic dynamic shapes: the token level's length changes from batch to batch, and one
