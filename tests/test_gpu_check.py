@@ -205,6 +205,27 @@ def test_each_failed_cuda_test_is_listed_with_what_it_raised():
     assert f"- `{tests['result']['failed'][1]}`: " in text  # a run recorded before the messages: names alone
 
 
+def test_a_fast_attention_kernel_that_fails_leaves_the_figures_of_blocked_attention(tmp_path):
+    """FlexAttention once failed to compile on a GPU and took the whole training-step figure with it. Now the
+    step is measured with blocked attention instead, learned beside uniform, and the report says why: here
+    with a kernel name the config refuses, on a CPU with the dry run's sizes."""
+    import argparse
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch
+    from gpu_check import Sizes, figure_throughput, render_figures
+    sizes = Sizes.dry()
+    sizes.attention = "no_such_kernel"
+    result = figure_throughput(argparse.Namespace(peak_tflops=None, dry_run=True), sizes, torch.device("cpu"),
+                               tmp_path)
+    assert [r["run"] for r in result["rows"]] == ["learned, blocked SDPA", "uniform, blocked SDPA",
+                                                  "learned, blocked, 4 rows"]
+    assert result["learned_over_uniform"] > 0 and result["flex_over_sdpa_bytes_s"] is None
+    assert result["fast_attention_error"].startswith("learntok.config.ConfigError: model.attention='no_such_kernel'")
+    text = "\n".join(render_figures({"throughput": result}))
+    assert "**FlexAttention failed**, so every row is blocked SDPA: learntok.config.ConfigError" in text
+    assert "FlexAttention / blocked SDPA bytes/s: n/ax" not in text
+
+
 def test_warning_stacks_keep_the_caller_of_a_matching_warning():
     import warnings
     sys.path.insert(0, str(ROOT / "benchmarks"))
