@@ -223,7 +223,7 @@ def test_a_fast_attention_kernel_that_fails_leaves_the_figures_of_blocked_attent
     assert result["fast_attention_error"].startswith("learntok.config.ConfigError: model.attention='no_such_kernel'")
     text = "\n".join(render_figures({"throughput": result}))
     assert "**FlexAttention failed**, so every row is blocked SDPA: learntok.config.ConfigError" in text
-    assert "FlexAttention / blocked SDPA bytes/s: n/ax" not in text
+    assert "FlexAttention / blocked SDPA bytes/s" not in text  # no ratio of a kernel that did not run
 
 
 def test_warning_stacks_keep_the_caller_of_a_matching_warning():
