@@ -1,4 +1,4 @@
-"""Sections 44-46: the rule started from the byte model that the seed's learned runs started from (the
+"""Sections 44-47: the rule started from the byte model that the seed's learned runs started from (the
 experiment patch `seed4/rule_learned_start/init_as.patch`; the seed's data order), against the seed's rule from
 its own start and every learned run of the seed (all of them from that one byte model), on the same held-out
 text: compare's 64 sequences, all 418 packed val sequences (differences paired over them) and all 89 val
@@ -8,6 +8,7 @@ against the rule from its own.
     python learned_start.py 4 > seed4/rule_learned_start/table.md      (run in this folder; section 44)
     python learned_start.py 0 2 4 > learned_start.md                   (section 45; seedS/rule_learned_start/)
     python learned_start.py 0 1 2 3 4 > learned_start.md               (section 46: seeds 1 and 3 added)
+    python learned_start.py 0 1 2 3 4 5 > learned_start.md             (section 47: seed 5 added)
 """
 import importlib.util
 import sys
