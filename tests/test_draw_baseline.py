@@ -117,7 +117,7 @@ def test_baseline_flops_count_a_forward_of_everything_after_the_encoder():
 def test_without_a_second_draw_the_rewards_are_refused():
     model = make_model(batch_centering="draw")
     z = torch.zeros(1, N)
-    inputs = LossInputs(z, z, z.bool() | True, z.bool())
+    inputs = LossInputs(z, z, z.bool() | True, z.bool(), z.bool() | True)
     with pytest.raises(ValueError, match="second boundary draw"):
         model.boundaries._rewards(inputs)
 

@@ -137,7 +137,7 @@ def test_entropy_calibration_hits_the_rate_and_is_a_checkpointed_buffer():
     forced[:, 0] = True
     logits = torch.randn(B, T, VOCAB_SIZE, generator=g) * 3
     inp = BoundaryInput(torch.zeros(B, T, 8), x, x != PAD, forced, early_logits=logits)
-    loss_inp = LossInputs(torch.zeros(B, T), torch.zeros(B, T), torch.ones(B, T, dtype=torch.bool), forced)
+    loss_inp = LossInputs(torch.zeros(B, T), torch.zeros(B, T), x != PAD, forced, x != PAD)
     for _ in range(30):
         strat.update(strat(inp), loss_inp)  # after the decisions, as the model calls it in training
     assert int(strat.calibrations) == 30 and bool(strat.active)
@@ -227,7 +227,8 @@ def test_hnet_routing_smoothing_and_ratio_loss():
     z, P = torch.randn(3, 150, 5, generator=g), torch.rand(3, 150, generator=g).clamp(1e-4, 1 - 1e-4)
     assert torch.allclose(ema_chunked(z, P, chunk=64), ema_reference(z, P), atol=1e-5)
     # ratio loss: 1 at F = G = 1/N, larger away from it
-    loss_inp = LossInputs(torch.zeros(1, 5), torch.zeros(1, 5), torch.ones(1, 5, dtype=torch.bool), bnd.a & False)
+    every = torch.ones(1, 5, dtype=torch.bool)
+    loss_inp = LossInputs(torch.zeros(1, 5), torch.zeros(1, 5), every, ~every, every)
     from learntok.boundaries.base import Boundaries
     at_target = Boundaries(a=torch.tensor([[1, 0, 0, 0, 0]]).bool(), probs=torch.full((1, 5), 0.2))
     assert strat.losses(at_target, loss_inp)["ratio"][1].item() == pytest.approx(1.0)

@@ -261,6 +261,27 @@ def test_compiled_strategy_methods_give_the_eager_gradient(learned, group, backe
             assert float(m_compiled[key]) == pytest.approx(float(m_eager[key]), rel=1e-4, abs=1e-6), (progress, key)
 
 
+def test_a_documents_last_byte_gets_its_policy_gradient():
+    """Packed data: a document's last byte has no target (it would be the next document's BOS, which the
+    loader turns into PAD), yet its boundary is the policy's decision and shapes the predictions after it,
+    so the policy loss covers it like any other decision (it once left it out)."""
+    seqs = random_inputs(2, 17, seed=3)
+    seqs[:, 9] = BOS  # a document ends at input position 8, the next one's BOS is at 9
+    batch = Batch.from_sequences(seqs)
+    batch.targets[:, 8] = PAD  # as the packed loader writes it
+    batch.doc_start = batch.inputs == BOS
+    batch.doc_start[:, 0] = False
+    model = model_for()
+    out = model(batch.inputs, doc_start=batch.doc_start)
+    _, _, loss_inputs = log_likelihoods(out, batch)
+    assert not loss_inputs.valid[:, 8].any() and loss_inputs.decided[:, 8].all()
+    assert loss_inputs.decided.sum() == 2 * (16 - 2)  # every byte but the forced BOS at 0 and 9
+    policy_loss = model.boundaries.losses(out.boundaries, loss_inputs)["policy"][1]
+    (grad,) = torch.autograd.grad(policy_loss, out.boundaries.log_prob)
+    assert (grad[:, 8] != 0).all()  # -A_8 / decisions: two rows, whose returns after byte 8 differ
+    assert grad[:, 8].tolist() == pytest.approx([-grad[1, 8].item(), -grad[0, 8].item()])  # A = +-(G - G') / 2
+
+
 def test_per_micro_batch_centering_would_differ():
     """The negative control: centring each micro-batch on its own (the authors' code) changes the policy
     gradient by far more than the tolerance above, so the test above can tell."""

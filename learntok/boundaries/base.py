@@ -121,11 +121,19 @@ class LossInputs:
     logp_early: torch.Tensor  # (B, T) log p_early(target | bytes), detached
     valid: torch.Tensor  # (B, T) bool: positions with a target
     forced: torch.Tensor  # (B, T) bool: positions whose boundary was not the strategy's choice
+    # (B, T) bool: positions holding a byte (not padding). In packed data a document's last byte has no
+    # target (it would be the next document's BOS), yet its boundary is decided and shapes what follows.
+    real: torch.Tensor
     group: int = 1  # rows per sequence: rows b * group .. b * group + group - 1 are draws for one sequence
     # a second, forward-only boundary draw of rows that `baseline_draw_rows` chose: log p(target) under
     # it (B, T), detached, and each row's weight (B,), 0 for rows without one
     logp_baseline: torch.Tensor | None = None
     baseline_weight: torch.Tensor | None = None
+
+    @property
+    def decided(self) -> torch.Tensor:
+        """(B, T) bool: the positions whose boundary the strategy chose (a byte, not forced)."""
+        return self.real & ~self.forced
 
 
 class BoundaryStrategy(nn.Module):

@@ -156,6 +156,6 @@ class DynamicPooling(BoundaryStrategy):
         return {"prior": (self.options.lambda_prior, prior)}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
-        decide = inp.valid & ~inp.forced
+        decide = inp.decided
         return {"mean_prob": masked_mean(bnd.probs.detach(), decide),
                 "mean_soft": masked_mean(bnd.soft.detach(), decide)}

@@ -232,8 +232,7 @@ class EntropyPatching(BoundaryStrategy):
         self.calibrations.add_(update.long())
 
     def update(self, bnd: Boundaries, inp: LossInputs) -> None:
-        real = inp.valid | inp.forced
-        self.calibrate(bnd.score, inp.valid & ~inp.forced, (inp.forced & real).sum(), real.sum())
+        self.calibrate(bnd.score, inp.decided, (inp.forced & inp.real).sum(), inp.real.sum())
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         if self.own is None:

@@ -152,7 +152,7 @@ class HNetChunking(BoundaryStrategy):
         return hidden + cache.smoothed.to(hidden.dtype)  # STE(c) is 1 in value
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
-        decide = inp.valid & ~inp.forced
+        decide = inp.decided
         N = 1.0 / self.cfg.target_rate
         f = masked_mean(bnd.a.float(), decide)  # F: fraction of boundaries (no gradient)
         g = masked_mean(bnd.probs, decide)  # G: mean boundary probability
@@ -160,4 +160,4 @@ class HNetChunking(BoundaryStrategy):
         return {"ratio": (self.options.lambda_ratio, ratio)}
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
-        return {"mean_prob": masked_mean(bnd.probs.detach(), inp.valid & ~inp.forced)}
+        return {"mean_prob": masked_mean(bnd.probs.detach(), inp.decided)}

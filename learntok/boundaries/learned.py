@@ -250,9 +250,6 @@ class LearnedPolicy(BoundaryStrategy):
         history.copy_(torch.cat([a[:, None], history[:, :-1]], dim=1) if self.lags else history)
         return BoundaryStep(a=a, probs=torch.sigmoid(logits))
 
-    def _decide(self, inp: LossInputs) -> torch.Tensor:
-        return inp.valid & ~inp.forced
-
     def baseline_draw_rows(self, rows: int) -> torch.Tensor | None:
         """Every (1 / draw_share)-th row: row i where floor((i + 1) s) > floor(i s), so that a batch split
         into micro-batches gives the same rows their second draw."""
@@ -274,20 +271,20 @@ class LearnedPolicy(BoundaryStrategy):
     def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         if self.imitating:  # the imitation loss is a mean over rows: no batch statistics
             return {}
-        return policy_batch_stats(self._rewards(inp), bnd.probs, self._decide(inp), inp.valid, gamma=self.options.gamma)
+        return policy_batch_stats(self._rewards(inp), bnd.probs, inp.decided, inp.valid, gamma=self.options.gamma)
 
     def losses(self, bnd: PolicyBoundaries, inp: LossInputs,
                stats: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[float, torch.Tensor]]:
         if self.imitating:  # -log pi(the rule's decision), the decisions executed
-            return {"imitate": (1.0, masked_mean(-bnd.log_prob, self._decide(inp)))}
+            return {"imitate": (1.0, masked_mean(-bnd.log_prob, inp.decided))}
         loss_policy, loss_target = policy_losses(
-            bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), self._decide(inp), inp.valid,
+            bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), inp.decided, inp.valid,
             gamma=self.options.gamma, centering=self.centering, target_rate=self.cfg.target_rate,
             stats=stats, group=inp.group)
         return {"policy": (self.options.lambda_policy, loss_policy), "target": (self.options.lambda_target, loss_target)}
 
     def metrics(self, bnd: PolicyBoundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
-        decide = self._decide(inp)
+        decide = inp.decided
         policy = {"policy_entropy": masked_mean(binary_entropy_from_logits(bnd.logits.detach()), decide),
                   "mean_prob": masked_mean(bnd.probs.detach(), decide)}
         if self.imitating:  # no rewards in play (nor a second draw's, with batch_centering=draw)

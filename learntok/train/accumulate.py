@@ -134,11 +134,10 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
             stats[k] = stats[k] + v.detach() if k in stats else v.detach()
         # frees the downstream graph; the strategy's loss graph branches off h separately and survives
         local.backward()
-        real = (mb.inputs != PAD).repeat_interleave(K, 0)
         sums["loss"] += local.detach()
         sums["nll"] += nll.detach()
         sums["nll_early"] += nll_early.detach()
-        sums["boundaries"] += (out.boundaries.a & real).sum()
+        sums["boundaries"] += (out.boundaries.a & loss_inputs.real).sum()
         sums["tokens"] += out.tok_real.numel()
         sums["token_slots"] += out.tok_pos.numel()
         kept.append(_Kept(mb.inputs, None if recompute_encoder else hidden, h, out.boundaries, loss_inputs,
@@ -233,7 +232,7 @@ def _concat(bnds: list[Boundaries], inputs: list[LossInputs]) -> tuple[Boundarie
     def rows(f):
         parts = [getattr(i, f) for i in inputs]
         return None if any(p is None for p in parts) else torch.cat(parts, dim=0)
-    li = LossInputs(*(rows(f) for f in ("logp", "logp_early", "valid", "forced")), group=inputs[0].group,
+    li = LossInputs(*(rows(f) for f in ("logp", "logp_early", "valid", "forced", "real")), group=inputs[0].group,
                     logp_baseline=rows("logp_baseline"), baseline_weight=rows("baseline_weight"))
     return type(bnds[0])(**joined), li
 
@@ -268,9 +267,9 @@ def word_start_nll(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 def log_likelihoods(out: UNetOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LossInputs]:
     """log p(target) of every draw (B * K, T) and log p_early(target) of every sequence (B, T), with
     gradient, and what the strategy's losses read: both detached, over the B * K rows."""
-    K = out.draws
-    logp = target_log_probs(out.logits, batch.targets.repeat_interleave(K, 0))
+    per_draw = lambda t: t.repeat_interleave(out.draws, 0)  # noqa: E731
+    logp = target_log_probs(out.logits, per_draw(batch.targets))
     logp_early = target_log_probs(out.early_logits, batch.targets)
-    loss_inputs = LossInputs(logp.detach(), logp_early.detach().repeat_interleave(K, 0),
-                             batch.valid.repeat_interleave(K, 0), out.forced, K)
+    loss_inputs = LossInputs(logp.detach(), per_draw(logp_early.detach()), per_draw(batch.valid), out.forced,
+                             per_draw(batch.inputs != PAD), out.draws)
     return logp, logp_early, loss_inputs
