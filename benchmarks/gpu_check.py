@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import gc
 import gzip
 import importlib
 import json
@@ -156,6 +157,13 @@ def guarded(fn, *args, **kwargs) -> dict:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> None:
+    """Return the memory of models nothing refers to any more (a traceback's frames hold them in cycles)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def commit() -> str:
@@ -339,14 +347,17 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
 
     specs = [(f"learned, {fast}", "learned", fast, ()), (f"uniform, {fast}", "uniform", fast, ()),
              ("learned, blocked SDPA", "learned", "blocked", ())]
-    fast_error = None
+    fast_error = runs = None
     try:
         runs = [run(*spec[1:]) for spec in specs]
         measure(specs, runs)
     except Exception:  # noqa: BLE001 - a kernel that fails to compile must not cost the figures the other gives
         fast_error = traceback.format_exc()
+    if fast_error:
         say(fast_error[-3000:])
         fast_error = f"{fast_error.strip().splitlines()[-1]}\n{fast_error[-4000:]}"
+        runs = None
+        free_memory(device)  # the failed runs' models and optimiser states, before the runs that replace them
         fast = "blocked"
         rows.clear()
         specs = [("learned, blocked SDPA", "learned", fast, ()), ("uniform, blocked SDPA", "uniform", fast, ())]
@@ -380,8 +391,7 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
     del runs
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    free_memory(device)
     big_spec = (f"learned, {fast}, {big} rows", "learned", fast, (f"train.batch_size={big}",))
     try:
         measure([big_spec], [run(*big_spec[1:])])
