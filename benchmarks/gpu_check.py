@@ -5,6 +5,7 @@ each fit in one 10-minute command on one H100/H200, writing one Markdown report 
     python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, FSDP2, attention, generation (~6 min)
     python benchmarks/gpu_check.py --stage learn --strategy uniform --data prose.jsonl.gz   # ~5 min
     python benchmarks/gpu_check.py --stage learn --strategy learned --data prose.jsonl.gz   # same FLOPs as uniform's
+    python benchmarks/gpu_check.py --stage learn --data prose.jsonl.gz --seed 3 --seed 4   # both, per seed
     python benchmarks/gpu_check.py --data prose.jsonl.gz                           # every stage in order (~25 min)
     python benchmarks/gpu_check.py --dry-run                                       # all of it on a CPU, tiny sizes
 
@@ -24,7 +25,9 @@ the word-start rule for the first 20% of its training bytes and then learns, `..
 (the copy sampled, no policy gradient), `uniform_with_probe`, `word_start_with_probe` and `learned_with_probe`
 the strategy with the word-start probe's auxiliary loss (`model.lambda_word_start=1`; the learned policy at the
 rule's rate, 0.169, as the copy; `Sizes.variants`), `learned_with_early_probe` the last with the probe for its
-first 13.1M training bytes only. Every minute
+first 13.1M training bytes only. `--seed N` (repeatable) runs the strategies once per seed, seed by seed, each
+learned run at the FLOPs of its own seed's uniform run, and the report adds each strategy's mean difference from
+uniform over the seeds. Every minute
 each run prints held-out bpb and where its boundaries fall (whitespace and word-start precision, and the
 start of a held-out sequence cut at them); the report keeps the trainer's log of every tenth step too.
 """
@@ -39,6 +42,7 @@ import gc
 import gzip
 import importlib
 import json
+import math
 import os
 import platform
 import re
@@ -808,7 +812,18 @@ def learn_run_overrides(sizes: Sizes, strategy: str, extra: list[str]) -> list[s
             f"boundaries.name={name}"]
 
 
-def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str, save) -> dict:
+def run_name(strategy: str, seed: int | None) -> str:
+    """A learning run's name in the report: the strategy, and `_seed{N}` where `--seed` set the seed."""
+    return strategy if seed is None else f"{strategy}_seed{seed}"
+
+
+def split_run_name(name: str) -> tuple[str, int | None]:
+    strategy, _, seed = name.rpartition("_seed")
+    return (strategy, int(seed)) if strategy and seed.isdigit() else (name, None)
+
+
+def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: Path, strategy: str, save,
+                seed: int | None = None) -> dict:
     from learntok.analysis import analyse
     from learntok.config import load_config
     from learntok.display import render as render_text
@@ -819,14 +834,16 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     from learntok.train.trainer import Trainer
 
     flops = args.flops
-    uniform_part = out_dir / "part_learn_uniform.json"
+    name = run_name(strategy, seed)
+    uniform_part = out_dir / f"part_learn_{run_name('uniform', seed)}.json"
     if flops is None and strategy != "uniform":
         if not uniform_part.exists():
             raise ValueError(f"{strategy} needs the uniform run's FLOPs: run --stage learn --strategy uniform first "
                              f"into {out_dir}, or give --flops")
         flops = json.loads(uniform_part.read_text())["result"]["flops"]
     data_dir = prepared_data(args, work)
-    overrides = [*learn_run_overrides(sizes, strategy, args.learn_override), f"data.source={data_dir}",
+    seeded = [] if seed is None else [f"train.seed={seed}"]
+    overrides = [*learn_run_overrides(sizes, strategy, [*args.learn_override, *seeded]), f"data.source={data_dir}",
                  "train.eval_every=0", "train.checkpoint_every=0", "train.tensorboard=false",
                  "train.log_every=10", "train.training_bytes=1e15"]
     cfg = load_config(sizes.learn_config, overrides)
@@ -834,7 +851,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     # each probe shows where the boundaries fall in the start of the first held-out sequence
     first = data.val[0].inputs[0]
     sample_text = bytes(first[(first < 256)].tolist()[:sizes.sample_bytes])
-    run_dir = work / f"learn_{strategy}"
+    run_dir = work / f"learn_{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
 
     class ProbedRun(Trainer):
@@ -855,7 +872,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
             probe_due = time.perf_counter() - self.last_probe >= sizes.probe_every and self.step > sizes.settle_steps[1]
             if probe_due or self.step >= self.total_steps:
                 self.probes.append(self.probe())
-                save({"strategy": strategy, "probes": self.probes})  # kept if the command is stopped
+                save({"strategy": strategy, "seed": seed, "probes": self.probes})  # kept if the command is stopped
                 self.last_probe = time.perf_counter()
             return metrics
 
@@ -870,12 +887,12 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
                    "whitespace_precision": boundaries["whitespace_precision"],
                    "whitespace_recall": boundaries["whitespace_recall"],
                    "word_start_precision": boundaries["word_start_precision"], "sample": sample}
-            say(f"  {strategy} {row['seconds']:6.0f} s, step {row['step']:5d}: held-out bpb {row['val_bpb']:.4f}, "
+            say(f"  {name} {row['seconds']:6.0f} s, step {row['step']:5d}: held-out bpb {row['val_bpb']:.4f}, "
                 f"rate {row['rate']:.3f}, whitespace precision {row['whitespace_precision']:.3f} "
                 f"recall {row['whitespace_recall']:.3f}, word-start precision {row['word_start_precision']:.3f}")
             return row
 
-    say(f"training {strategy} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
+    say(f"training {name} ({sizes.learn_config} {' '.join(overrides)}) on {data.description}")
     # the uniform run's budget is fixed at the settle step; until then the schedule plans for 1e30 FLOPs
     cfg.train.flops_budget = flops if flops is not None else 1e30
     trainer = ProbedRun(cfg, run_dir, progress=False, data=data)
@@ -892,7 +909,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     # the trainer's own log (every 10th step): how the losses, the rate and the probe moved while it trained
     training = [{key: row[key] for key in TRAINING_METRICS if key in row}
                 for row in read_metrics(run_dir / "metrics.jsonl") if "loss" in row]
-    result = {"strategy": strategy, "config": sizes.learn_config, "overrides": overrides, "parameters": n_params,
+    result = {"strategy": strategy, "seed": seed, "config": sizes.learn_config, "overrides": overrides, "parameters": n_params,
               "batch": [cfg.train.batch_size, cfg.train.seq_len],
               "data": data.description, "heldout_sequences": sum(len(b.inputs) for b in data.val),
               "flops": float(trainer.flops), "bytes": float(trainer.bytes_seen), "steps": trainer.step,
@@ -900,7 +917,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
               "eval_samples": final["samples"], "sequence_bits": final["sequence_bits"],
               "sequence_bytes": final["sequence_bytes"], "boundaries": boundaries, "probes": trainer.probes,
               "training": training}
-    say(f"{strategy}: {trainer.step} steps, {trainer.bytes_seen / 1e6:.1f}M bytes, {trainer.flops:.4g} FLOPs in "
+    say(f"{name}: {trainer.step} steps, {trainer.bytes_seen / 1e6:.1f}M bytes, {trainer.flops:.4g} FLOPs in "
         f"{wall:.0f} s; held-out bpb {final['bpb']:.4f}")
     return result
 
@@ -1074,27 +1091,53 @@ def difference_from(r: dict, base: dict) -> str:
     return f"{d['difference']:+.4f}" + (f" ± {d['se_text']:.4f}" if d["se_text"] is not None else "")
 
 
+def seed_differences(done: dict) -> dict[str, list[tuple[int, float]]]:
+    """Per strategy, (seed, held-out bpb minus that seed's uniform run's) for the seeds that ran both."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name, r in done.items():
+        strategy, seed = split_run_name(name)
+        base = done.get(run_name("uniform", seed))
+        if seed is not None and strategy != "uniform" and base:
+            out.setdefault(strategy, []).append((seed, r["val_bpb"] - base["val_bpb"]))
+    return out
+
+
 def render_learn(learn: dict) -> list[str]:
     done = {name: r for name, r in learn.items() if r and "val_bpb" in r}
     first = next(iter(done.values()), None)
-    base_name = "uniform" if "uniform" in done else next(iter(done), None)  # the differences are from it
+
+    def base_of(name: str) -> str:  # the run a run's difference is from: the uniform run of its seed
+        base = run_name("uniform", split_run_name(name)[1])
+        return base if base in done else next(iter(done))
+
+    base_name = "uniform" if any(split_run_name(n)[0] == "uniform" for n in done) else next(iter(done), None)
     out = [f"| strategy | parameters | steps | bytes | FLOPs | wall (s) | held-out bpb | minus {base_name}'s | rate | "
            "whitespace precision | whitespace recall | word-start precision |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     shared = [o for o in first["overrides"] if all(o in r["overrides"] for r in done.values())] if first else []
     for name, r in done.items():
         b = r["boundaries"]
-        own = [o for o in r["overrides"] if o not in shared and not o.startswith("boundaries.name=")]
-        name = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
-        diff = difference_from(r, done[base_name]) if r is not done[base_name] else ""
-        out.append(f"| {name} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
+        own = [o for o in r["overrides"] if o not in shared and not o.startswith("boundaries.name=")
+               and not (o.startswith("train.seed=") and split_run_name(name)[1] is not None)]  # the name says it
+        label = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
+        diff = difference_from(r, done[base_of(name)]) if r is not done[base_of(name)] else ""
+        out.append(f"| {label} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
                    f"{r['wall_s']} | {r['val_bpb']:.4f} | {diff} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
                    f"{b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
     if first:
         out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
                 f"{' '.join(o for o in shared if not o.startswith('boundaries.name='))}; data: {first['data']}; held out: "
                 f"{first['heldout_sequences']} sequences of its val split (bpb with sampled boundaries, mean of "
-                f"{first['eval_samples']} draws for learned). One seed each: the ± of a difference is its standard "
-                "error over the held-out sequences (which text was held out), not over seeds.", "",
+                f"{max(r['eval_samples'] for r in done.values())} draws for learned). The ± of a run's difference is its standard error over "
+                "the held-out sequences (which text was held out), not over seeds; a run named `_seedN` is compared "
+                "with the uniform run of its seed."]
+        for strategy, diffs in seed_differences(done).items():
+            if len(diffs) >= 2:
+                d = [x for _, x in diffs]
+                mean, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+                out += ["", f"**{strategy} minus uniform over {len(d)} seeds**: {mean:+.4f} ± {se:.4f} (standard error "
+                        f"over seeds; t = {mean / se if se else float('inf'):.2f}); per seed "
+                        + ", ".join(f"{seed}: {x:+.4f}" for seed, x in diffs)]
+        out += ["",
                 "Probes during training:", "",
                 "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall "
                 "| word-start precision |", "|---|---|---|---|---|---|---|---|"]
@@ -1170,6 +1213,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="report folder (default: $OUT, else gpu_check/)")
     p.add_argument("--data", help="learn stage: a .jsonl.gz corpus with `text` or a `learntok prepare` directory")
     p.add_argument("--flops", type=float, help="learn stage: the budget (default: the uniform part's FLOPs)")
+    p.add_argument("--seed", type=int, action="append",
+                   help="learn stage: run every --strategy with train.seed=SEED (repeatable: seed by seed, each seed's "
+                        "runs in the --strategy order); the report then gives each seed's differences from its "
+                        "uniform run and their mean over seeds")
     p.add_argument("--learn-override", action="append", default=[], metavar="KEY=VALUE",
                    help="learn stage: a config override for every run (repeatable), e.g. train.batch_size=32 "
                         "train.micro_batches=2 to compare at 32 sequences per step")
@@ -1201,9 +1248,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage in ("all", "figures"):
         stages.append(("figures", lambda w, save: stage_figures(args, sizes, device, w, save)))
     if args.stage in ("all", "learn"):
-        for strategy in args.strategy or ["uniform", "learned"]:
-            stages.append((f"learn_{strategy}",
-                           lambda w, save, s=strategy: stage_learn(args, sizes, device, w, out_dir, s, save)))
+        for seed in args.seed or [None]:
+            for strategy in args.strategy or ["uniform", "learned"]:
+                stages.append((f"learn_{run_name(strategy, seed)}", lambda w, save, s=strategy, seed=seed:
+                               stage_learn(args, sizes, device, w, out_dir, s, save, seed)))
     failed = False
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for name, fn in stages:

@@ -110,6 +110,28 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert (tmp_path / "report.md").read_text() == report
 
 
+def test_seeds_run_each_strategy_and_the_report_gives_their_mean(tmp_path):
+    """--seed runs every strategy per seed, each learned run to the FLOPs of its own seed's uniform run, and
+    the report compares each with the uniform run of its seed and gives the mean over seeds."""
+    proc = gpu_check("--stage", "learn", "--seed", "3", "--seed", "4", "--strategy", "uniform", "--strategy", "learned",
+                     "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = {p.stem.removeprefix("part_learn_"): json.loads(p.read_text())["result"] for p in tmp_path.glob("part_learn_*.json")}
+    assert sorted(runs) == ["learned_seed3", "learned_seed4", "uniform_seed3", "uniform_seed4"]
+    for seed in (3, 4):
+        uniform, learned = runs[f"uniform_seed{seed}"], runs[f"learned_seed{seed}"]
+        assert uniform["seed"] == learned["seed"] == seed and f"train.seed={seed}" in learned["overrides"]
+        assert uniform["flops"] <= learned["flops"] < uniform["flops"] * 1.05  # its own seed's budget
+    assert runs["uniform_seed3"]["val_bpb"] != runs["uniform_seed4"]["val_bpb"]  # the seed reached the run
+    diffs = [runs[f"learned_seed{s}"]["val_bpb"] - runs[f"uniform_seed{s}"]["val_bpb"] for s in (3, 4)]
+    report = (tmp_path / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| learned_seed4 (boundaries.learned.scale=1) |"))
+    assert row.split(" | ")[7].startswith(f"{diffs[1]:+.4f} ± ")  # from uniform_seed4, not uniform_seed3
+    mean, se = sum(diffs) / 2, abs(diffs[0] - diffs[1]) / 2  # two seeds: the SE of the mean is half their gap
+    assert (f"**learned minus uniform over 2 seeds**: {mean:+.4f} ± {se:.4f} (standard error over seeds; "
+            f"t = {mean / se:.2f}); per seed 3: {diffs[0]:+.4f}, 4: {diffs[1]:+.4f}") in report
+
+
 def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_path):
     proc = gpu_check("--stage", "learn", "--strategy", "learned", "--out", str(tmp_path))
     assert proc.returncode == 1
