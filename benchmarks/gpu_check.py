@@ -829,7 +829,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     from learntok.display import render as render_text
     from learntok.display import segment
     from learntok.data.loader import make_data
-    from learntok.eval.sequences import evaluate
+    from learntok.eval.sequences import cut_rows, evaluate
     from learntok.train.metrics import read_metrics
     from learntok.train.trainer import Trainer
 
@@ -838,8 +838,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     uniform_part = out_dir / f"part_learn_{run_name('uniform', seed)}.json"
     if flops is None and strategy != "uniform":
         if not uniform_part.exists():
-            raise ValueError(f"{strategy} needs the uniform run's FLOPs: run --stage learn --strategy uniform first "
-                             f"into {out_dir}, or give --flops")
+            raise ValueError(f"{name} needs the uniform run's FLOPs ({uniform_part.name}): run --stage learn --strategy "
+                             f"uniform{'' if seed is None else f' --seed {seed}'} first into {out_dir}, or give --flops")
         flops = json.loads(uniform_part.read_text())["result"]["flops"]
     data_dir = prepared_data(args, work)
     seeded = [] if seed is None else [f"train.seed={seed}"]
@@ -851,6 +851,10 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     # each probe shows where the boundaries fall in the start of the first held-out sequence
     first = data.val[0].inputs[0]
     sample_text = bytes(first[(first < 256)].tolist()[:sizes.sample_bytes])
+    # the boundaries are measured on the held-out rows cut as evaluation cuts them, shapes that the compiled model
+    # has seen; the one-row sample runs eagerly: compiling a new shape took most of a probe (54 of 65 s on a CPU)
+    micro_rows = cfg.train.batch_size // cfg.train.micro_batches
+    held_out = cut_rows(data.val, micro_rows)
     run_dir = work / f"learn_{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -879,9 +883,10 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
         @torch.no_grad()
         def probe(self) -> dict:
             with self._autocast():
-                ev = evaluate(self.model, self.data.val, device=self.device, max_rows=self.cfg.train.batch_size // self.cfg.train.micro_batches)
-                boundaries = analyse(self.model, self.data.val[:1], samples=1, seed=1234).summary()
-                sample = render_text(segment(self.model, sample_text, seed=1234), colour=False)
+                ev = evaluate(self.model, self.data.val, device=self.device, max_rows=micro_rows)
+                boundaries = analyse(self.model, held_out[:1], samples=1, seed=1234).summary()
+                with torch.compiler.set_stance("force_eager"):
+                    sample = render_text(segment(self.model, sample_text, seed=1234), colour=False)
             row = {"seconds": round(time.perf_counter() - self.started, 1), "step": self.step, "bytes": self.bytes_seen,
                    "flops": float(self.flops), "val_bpb": ev["bpb"], "rate": boundaries["rate"],
                    "whitespace_precision": boundaries["whitespace_precision"],
@@ -903,8 +908,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     stochastic = getattr(trainer.model.boundaries, "stochastic", False)
     with trainer._autocast():
         final = evaluate(trainer.model, data.val, samples=2 if stochastic else 1, device=trainer.device,
-                         max_rows=cfg.train.batch_size // cfg.train.micro_batches, per_sequence=True)
-        boundaries = analyse(trainer.model, data.val, samples=1, seed=1234).summary()
+                         max_rows=micro_rows, per_sequence=True)
+        boundaries = analyse(trainer.model, held_out, samples=1, seed=1234).summary()
     n_params = sum(p.numel() for p in trainer.model.parameters())
     # the trainer's own log (every 10th step): how the losses, the rate and the probe moved while it trained
     training = [{key: row[key] for key in TRAINING_METRICS if key in row}

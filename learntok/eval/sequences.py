@@ -18,6 +18,17 @@ from ..objectives import LN2
 from .nll import score_rows
 
 
+def cut_rows(batches: list[Batch], max_rows: int | None) -> list[Batch]:
+    """`batches` cut as `evaluate` runs them: each into the fewest pieces of at most `max_rows` rows (as equal as
+    they can be), so that other passes over them (`learntok.analysis.analyse`) run the shapes a compiled model
+    has already seen."""
+    pieces = []
+    for whole in batches:
+        n_pieces = -(-len(whole.inputs) // max_rows) if max_rows else 1  # ceil
+        pieces += [piece for _, piece in split_rows(whole, n_pieces)]
+    return pieces
+
+
 @torch.no_grad()
 def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, device: torch.device | None = None,
              max_rows: int | None = None, dist=None, global_rows: int | None = None,
@@ -42,10 +53,7 @@ def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, de
     spread_over = dist if dist is not None and dist.enabled else None
     if spread_over is not None:
         batches = concat_batches(batches, global_rows or len(batches[0].inputs))
-    pieces = []
-    for whole in batches:
-        n_pieces = -(-len(whole.inputs) // max_rows) if max_rows else 1  # ceil
-        pieces += [piece for _, piece in split_rows(whole, n_pieces)]
+    pieces = cut_rows(batches, max_rows)
     stochastic = getattr(model.boundaries, "stochastic", False)
     # (nll, n) per sample, then the boundary rate's numerator and denominator, then the early-exit nll
     sums = torch.zeros(samples * 2 + 3, dtype=torch.float64, device=device)
