@@ -852,7 +852,7 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
     first = data.val[0].inputs[0]
     sample_text = bytes(first[(first < 256)].tolist()[:sizes.sample_bytes])
     # the boundaries are measured on the held-out rows cut as evaluation cuts them, shapes that the compiled model
-    # has seen; the one-row sample runs eagerly: compiling a new shape took most of a probe (54 of 65 s on a CPU)
+    # has seen; the one-row sample runs eagerly: compiling graphs for their own shapes took most of a first probe
     micro_rows = cfg.train.batch_size // cfg.train.micro_batches
     held_out = cut_rows(data.val, micro_rows)
     run_dir = work / f"learn_{name}"
