@@ -153,6 +153,36 @@ def test_flex_block_mask_at_the_training_block_size():
         assert block_lists(flex_block_mask(T, window, "cpu")) == block_lists(expected), (T, window)
 
 
+def compiled_block_masks_against_create_block_mask(window: int | None, lengths: tuple[int, ...], device: str,
+                                                    backend: str = "inductor") -> None:
+    """flex_block_mask compiled alone, its length symbolic (as a compiled stack builds it for the token level),
+    against create_block_mask at each of `lengths`: when a compiled stack fails, this tells whether the block
+    mask's own code is at fault."""
+    from types import SimpleNamespace
+    from torch.nn.attention.flex_attention import create_block_mask
+    from learntok.model.layers import _window_mask_mod, flex_block_mask
+    fields = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+              "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+    def tensors(T):  # what a graph can return of a BlockMask
+        mask = flex_block_mask(T, window, device)
+        return tuple(getattr(mask, f) for f in fields)
+
+    from torch._dynamo.utils import counters
+    compiled = torch.compile(tensors, backend=backend, dynamic=True)
+    graphs = counters["stats"]["unique_graphs"]
+    for T in lengths:
+        got = SimpleNamespace(**dict(zip(fields, compiled(T))))
+        expected = create_block_mask(_window_mask_mod(window), None, None, T, T, device=device)
+        assert block_lists(got) == block_lists(expected), (T, window)
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # one graph for every length: the length was symbolic
+
+
+@pytest.mark.parametrize("window", [64, None])
+def test_flex_block_mask_compiles_with_a_symbolic_length(window):
+    compiled_block_masks_against_create_block_mask(window, (300, 420, 1000), "cpu")
+
+
 def test_compiled_flex_stack_sorts_nothing():
     """Inside a graph compiled for CUDA with a symbolic length, Inductor could not generate code for
     create_block_mask's work (CantSplit, torch 2.11), which no CPU run reproduces. The graph a FlexAttention

@@ -10,7 +10,8 @@ from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
-from test_attention import compiled_flex_stack_against_eager, dense_reference, qkv
+from test_attention import (compiled_block_masks_against_create_block_mask, compiled_flex_stack_against_eager,
+                            dense_reference, qkv)
 from test_train import check_compiled_stacks_do_not_recompile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -102,3 +103,10 @@ def test_flex_attention_compiles_into_a_stack_on_cuda(window):
     compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3)
     compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3,
                                       dynamic=True)  # as scoring compiles
+
+
+@pytest.mark.parametrize("window", [64, None])
+def test_flex_block_mask_compiles_on_cuda_with_a_symbolic_length(window):
+    """The block mask a compiled FlexAttention stack builds, compiled alone for CUDA: if the stack test above
+    fails, this says whether the mask's code or the attention is at fault."""
+    compiled_block_masks_against_create_block_mask(window, (300, 420, 1000), "cuda")
