@@ -110,3 +110,18 @@ def test_flex_block_mask_compiles_on_cuda_with_a_symbolic_length(window):
     """The block mask a compiled FlexAttention stack builds, compiled alone for CUDA: if the stack test above
     fails, this says whether the mask's code or the attention is at fault."""
     compiled_block_masks_against_create_block_mask(window, (300, 420, 1000), "cuda")
+
+
+@pytest.mark.parametrize("window", [64, None])
+def test_eager_flex_attention_on_cuda_over_varying_lengths(window):
+    """Called eagerly on CUDA (a model scored or generating without train.compile), FlexAttention is compiled
+    alone, and once lengths vary, as the token level's do, it is traced for a symbolic length: at each length
+    the outputs and gradients of blocked attention."""
+    for T in (300, 420, 1000):
+        q, k, v = (t.cuda().requires_grad_() for t in qkv(T, B=2, H=4, hd=64))
+        blocked = sliding_window_attention(q, k, v, window, 50.0) if window else causal_attention(q, k, v, 50.0)
+        flex = flex_attention(q, k, v, window, 50.0)
+        assert torch.allclose(flex, blocked, atol=1e-4), T
+        g = torch.randn_like(flex)
+        grads = [torch.autograd.grad(y, (q, k, v), g) for y in (flex, blocked)]
+        assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(*grads)), T
