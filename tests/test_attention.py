@@ -159,6 +159,7 @@ def compiled_block_masks_against_create_block_mask(window: int | None, lengths: 
     against create_block_mask at each of `lengths`: when a compiled stack fails, this tells whether the block
     mask's own code is at fault."""
     from types import SimpleNamespace
+    from torch._dynamo.utils import counters
     from torch.nn.attention.flex_attention import create_block_mask
     from learntok.model.layers import _window_mask_mod, flex_block_mask
     fields = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
@@ -168,7 +169,6 @@ def compiled_block_masks_against_create_block_mask(window: int | None, lengths: 
         mask = flex_block_mask(T, window, device)
         return tuple(getattr(mask, f) for f in fields)
 
-    from torch._dynamo.utils import counters
     compiled = torch.compile(tensors, backend=backend, dynamic=True)
     graphs = counters["stats"]["unique_graphs"]
     for T in lengths:
