@@ -65,6 +65,7 @@ class Run:
             self.model.compile_layers(backend=compile_backend)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, fused=True)
         self.batch = synthetic_batch(cfg.train.batch_size, cfg.train.seq_len).to(device)
+        self.micro_batches, self.recompute_encoder = cfg.train.micro_batches, cfg.train.recompute_encoder
         self.gen = torch.Generator(device=device).manual_seed(0)
         self.times, self.tokens, self.slots = [], 0, 0
 
@@ -87,7 +88,8 @@ class Run:
         try:
             self.opt.zero_grad(set_to_none=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                metrics = accumulate_gradients(self.model, self.batch, 1, generator=self.gen)  # as the trainer
+                metrics = accumulate_gradients(self.model, self.batch, self.micro_batches, generator=self.gen,
+                                               recompute_encoder=self.recompute_encoder)  # as the trainer
         finally:
             layers.sliding_window_attention = blocked
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)

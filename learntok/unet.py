@@ -29,7 +29,7 @@ from .boundaries.base import BoundaryStepInput, BoundaryStrategy
 from .config import BoundaryConfig, ModelConfig
 from .data.batch import PAD, VOCAB_SIZE
 from .model import resample
-from .model.layers import RMSNorm, Stack, StackCache, softcap
+from .model.layers import RMSNorm, Stack, StackCache, TokenStack, softcap
 
 
 @dataclass
@@ -92,12 +92,12 @@ class ByteUNet(nn.Module):
         # one draw from the global generator seeds `reset_parameters`, whatever the constructors below draw
         init_seed = int(torch.randint(0, 2**62, (), device="cpu"))
         d = cfg.d_model
-        stack = lambda n, mult, window: Stack(n, d, cfg.n_heads, int(mult * d), window, cfg.attn_softcap,  # noqa: E731
-                                              cfg.rope_theta, cfg.attention)
+        stack = lambda n, mult, window, kind=Stack: kind(n, d, cfg.n_heads, int(mult * d), window,  # noqa: E731
+                                                         cfg.attn_softcap, cfg.rope_theta, cfg.attention)
         self.embed = nn.Embedding(VOCAB_SIZE, d)
         self.encoder = stack(cfg.n_down_layers, cfg.byte_mlp_mult, cfg.window)
         self.boundaries = build_strategy(boundary_cfg, d)
-        self.mid = stack(cfg.n_mid_layers, cfg.token_mlp_mult, None)
+        self.mid = stack(cfg.n_mid_layers, cfg.token_mlp_mult, None, TokenStack)
         self.decoder = stack(cfg.n_up_layers, cfg.byte_mlp_mult, cfg.window)
         self.head = Head(d, cfg.final_softcap)
         self.early_head = Head(d, cfg.final_softcap)
@@ -197,6 +197,7 @@ class ByteUNet(nn.Module):
         tokens = self.boundaries.pool(hidden, bnd, slots.pos)  # (B, M, C)
         # M and N change from batch to batch: a compiled token level is traced for any (train.compile)
         torch._dynamo.maybe_mark_dynamic(tokens, 1)
+        torch._dynamo.maybe_mark_dynamic(slots.pos, 1)
         torch._dynamo.maybe_mark_dynamic(slots.real, 0)
         tokens = self.mid(tokens, slots.pos, real=slots.real)  # RoPE at the boundaries' byte positions
         y = self.boundaries.unpool(hidden, tokens, bnd, resample.token_index(bnd.a))  # (B, T, C)

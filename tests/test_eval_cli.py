@@ -138,7 +138,7 @@ def test_compiled_scoring_gives_the_eager_numbers(capsys, run_dir, eval_dir, mon
     code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "piqa", "--eval-dir", eval_dir,
                              "--compile", "--json", "--no-progress")
     assert code == 0, err
-    assert sorted(compiled) == ["Head", "Head", "Stack", "Stack", "Stack"]
+    assert sorted(compiled) == ["Head", "Head", "Stack", "Stack", "TokenStack"]
     assert "--compile scores the benchmarks" not in err
     got = json.loads(out)["rows"][0]["results"]["piqa"]
     direct = evaluate_task("piqa", UNetScorer.from_run(run_dir), eval_dir, progress=False)

@@ -473,8 +473,8 @@ def check_compiled_stacks_do_not_recompile(tmp_path, *, rtol: float, atol: float
             assert int(a["token_slots"]) == int(b["token_slots"])
         assert torch.allclose(a["loss"], b["loss"], rtol=rtol, atol=atol)
     assert len(slots) >= 2  # the token count did vary
-    # the stacks share one forward: compiled for the byte length, then once more with a dynamic length
-    # when the token level first calls it; the strategy's methods once each; never again
+    # the byte levels' stacks share one forward, compiled for their length; the token level's once, for any
+    # token count; the heads once; the strategy's methods once each; never again
     methods = len(compiled.model.boundaries.compiled)
     assert compiled_frames[0] <= 3 + methods and compiled_frames == compiled_frames[:1] * 6, compiled_frames
 
