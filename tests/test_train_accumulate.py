@@ -265,7 +265,7 @@ def test_compiled_byte_levels_keep_their_length_static_under_micro_batches():
     """With micro-batches the encoder is recomputed in the backward, so a byte level's graph is compiled after
     the token level's, whose token count varies. torch.compile keeps automatic dynamic shapes per code object,
     and while the token level shared `Stack.forward` with the byte levels, their later graphs came out symbolic
-    in their fixed batch and length, and a compiled step ran 1.8x slower on a CPU. Only the token level's graph
+    in their fixed batch and length, and a compiled step ran 1.6x slower on a CPU. Only the token level's graph
     (the one given `real`) may take a symbolic size."""
     graphs = []
 

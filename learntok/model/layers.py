@@ -540,7 +540,8 @@ class TokenStack(Stack):
     """The token level's stack: a `Stack` whose `forward` is a code object of its own. torch.compile keeps its
     automatic dynamic shapes per code object, so a token count that varies from batch to batch would otherwise
     make the byte levels' stacks, compiled after it, symbolic in their fixed length too: with micro-batches the
-    decoder's and the recomputed encoder's graph then ran a training step 1.8x slower on a CPU."""
+    decoder's and the recomputed encoder's graph then made a training step 1.6x slower on a CPU
+    (benchmarks/README.md)."""
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         return super().forward(x, positions, real)
