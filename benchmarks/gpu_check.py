@@ -42,7 +42,6 @@ import gc
 import gzip
 import importlib
 import json
-import math
 import os
 import platform
 import re
@@ -1084,30 +1083,34 @@ def render_figures(fig: dict) -> list[str]:
     return out
 
 
+def as_run(x: dict, seed: int | None = None) -> SimpleNamespace:
+    """A learning part as `learntok.compare.report.bpb_difference` reads a run."""
+    return SimpleNamespace(bpb=x["val_bpb"], train_seed=seed, sequence_bits=x.get("sequence_bits", []),
+                           sequence_bytes=x.get("sequence_bytes", []))
+
+
 def difference_from(r: dict, base: dict) -> str:
     """A run's held-out bpb minus the `base` run's, ± its standard error over the held-out sequences (paired:
     both scored the same ones; learntok.compare.report.bpb_difference), where both runs kept their bits."""
     from learntok.compare.report import bpb_difference
-
-    def runs(x):
-        return [SimpleNamespace(bpb=x["val_bpb"], train_seed=None, sequence_bits=x.get("sequence_bits", []),
-                                sequence_bytes=x.get("sequence_bytes", []))]
-    d = bpb_difference(runs(r), runs(base))
+    d = bpb_difference([as_run(r)], [as_run(base)])
     return f"{d['difference']:+.4f}" + (f" ± {d['se_text']:.4f}" if d["se_text"] is not None else "")
 
 
-def seed_differences(done: dict) -> dict[str, list[tuple[int, float]]]:
-    """Per strategy, (seed, held-out bpb minus that seed's uniform run's) for the seeds that ran both."""
-    out: dict[str, list[tuple[int, float]]] = {}
+def seed_pairs(done: dict) -> dict[str, list[tuple[int, dict, dict]]]:
+    """Per strategy, (seed, its run, that seed's uniform run) for the seeds that ran both."""
+    out: dict[str, list[tuple[int, dict, dict]]] = {}
     for name, r in done.items():
         strategy, seed = split_run_name(name)
         base = done.get(run_name("uniform", seed))
         if seed is not None and strategy != "uniform" and base:
-            out.setdefault(strategy, []).append((seed, r["val_bpb"] - base["val_bpb"]))
+            out.setdefault(strategy, []).append((seed, r, base))
     return out
 
 
 def render_learn(learn: dict) -> list[str]:
+    from learntok.compare.report import bpb_difference
+
     done = {name: r for name, r in learn.items() if r and "val_bpb" in r}
     first = next(iter(done.values()), None)
 
@@ -1124,7 +1127,8 @@ def render_learn(learn: dict) -> list[str]:
         own = [o for o in r["overrides"] if o not in shared and not o.startswith("boundaries.name=")
                and not (o.startswith("train.seed=") and split_run_name(name)[1] is not None)]  # the name says it
         label = f"{name} ({', '.join(own)})" if own else name  # what a run sets beyond the shared overrides
-        diff = difference_from(r, done[base_of(name)]) if r is not done[base_of(name)] else ""
+        base = done[base_of(name)]
+        diff = difference_from(r, base) if r is not base else ""
         out.append(f"| {label} | {r['parameters'] / 1e6:.1f}M | {r['steps']} | {r['bytes'] / 1e6:.1f}M | {r['flops']:.3g} | "
                    f"{r['wall_s']} | {r['val_bpb']:.4f} | {diff} | {b['rate']:.3f} | {b['whitespace_precision']:.3f} | "
                    f"{b['whitespace_recall']:.3f} | {fmt(b.get('word_start_precision'))} |")
@@ -1132,16 +1136,16 @@ def render_learn(learn: dict) -> list[str]:
         out += ["", f"Batch {first['batch'][0]} x {first['batch'][1]} bytes per step; config {first['config']} "
                 f"{' '.join(o for o in shared if not o.startswith('boundaries.name='))}; data: {first['data']}; held out: "
                 f"{first['heldout_sequences']} sequences of its val split (bpb with sampled boundaries, mean of "
-                f"{max(r['eval_samples'] for r in done.values())} draws for learned). The ± of a run's difference is its standard error over "
-                "the held-out sequences (which text was held out), not over seeds; a run named `_seedN` is compared "
-                "with the uniform run of its seed."]
-        for strategy, diffs in seed_differences(done).items():
-            if len(diffs) >= 2:
-                d = [x for _, x in diffs]
-                mean, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
-                out += ["", f"**{strategy} minus uniform over {len(d)} seeds**: {mean:+.4f} ± {se:.4f} (standard error "
-                        f"over seeds; t = {mean / se if se else float('inf'):.2f}); per seed "
-                        + ", ".join(f"{seed}: {x:+.4f}" for seed, x in diffs)]
+                f"{max(r['eval_samples'] for r in done.values())} draws for learned). The ± of a run's difference "
+                "is its standard error over the held-out sequences (which text was held out), not over seeds; a run "
+                "named `_seedN` is compared with the uniform run of its seed."]
+        for strategy, pairs in seed_pairs(done).items():
+            if len(pairs) >= 2:  # paired by seed: the spread of the per-seed differences
+                d = bpb_difference([as_run(r, seed) for seed, r, _ in pairs], [as_run(u, seed) for seed, _, u in pairs])
+                mean, se = d["difference"], d["se_seeds"]
+                out += ["", f"**{strategy} minus uniform over {len(pairs)} seeds**: {mean:+.4f} ± {se:.4f} (standard "
+                        f"error over seeds; t = {mean / se if se else float('inf'):.2f}); per seed "
+                        + ", ".join(f"{seed}: {r['val_bpb'] - u['val_bpb']:+.4f}" for seed, r, u in pairs)]
         out += ["",
                 "Probes during training:", "",
                 "| strategy | seconds | step | held-out bpb | rate | whitespace precision | whitespace recall "
