@@ -64,7 +64,8 @@ import torch  # noqa: E402
 TARGETS = {"scan_ms": 1.0, "learned_over_uniform": 1.02, "mfu": 0.40}
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, SXM parts
 CUDA_TESTS = ["tests/test_cuda.py", "tests/test_scan.py", "tests/test_attention.py"]
-PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "matplotlib", "numpy"]
+# sympy: Inductor's reasoning about symbolic sizes (what a CantSplit error comes from) is sympy's
+PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "matplotlib", "numpy", "sympy"]
 
 
 LEARN_STRATEGIES = ("uniform", "learned", "word_start", "whitespace")  # learning runs of a strategy as it is
