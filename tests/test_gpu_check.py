@@ -28,8 +28,11 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert all(p["meta"]["dry_run"] and not p["meta"]["partial"] for p in parts.values())
     env, tests, figures = (parts[k]["result"] for k in ("env", "tests", "figures"))
     bounds = env["dependency_bounds"]
-    assert bounds["torch"]["admits"] is True and bounds["transformers"]["bound"] == ">=5.0"
-    assert all(b["admits"] in (True, None) for b in bounds.values()), bounds  # this machine installed from them
+    if sys.version_info < (3, 11):  # no tomllib to read pyproject.toml with
+        assert set(bounds) == {"not read"}
+    else:
+        assert bounds["torch"]["admits"] is True and bounds["transformers"]["bound"] == ">=5.0"
+        assert all(b["admits"] in (True, None) for b in bounds.values()), bounds  # this machine installed from them
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
     throughput = figures["throughput"]
