@@ -21,6 +21,7 @@ from learntok.train import checkpoint as ckpt_io
 from learntok.data.loader import DataSources
 from learntok.train.metrics import read_metrics
 from learntok.train.trainer import Trainer
+from learntok.unet import ByteUNet
 
 BATCH, SEQ = 8, 64
 # metrics that must agree with the single-process run; flops and padding_fraction do not: each rank pads
@@ -113,6 +114,26 @@ def single(tmp_path_factory) -> list[dict]:
 def test_ddp_two_ranks_match_one_process(single, tmp_path):
     rows = run_ranks(2, "ddp", tmp_path / "run", steps=4)
     assert_same_metrics(rows, single)
+
+
+@pytest.mark.parametrize("version, refused", [("2.11.0+cu130", True), ("2.10.0", True), ("2.12.1", False),
+                                               ("2.13.0+cpu", False)])
+def test_fsdp_refuses_a_torch_whose_fsdp2_misses_the_models_backward(version, refused, monkeypatch):
+    """FSDP2 before torch 2.12 does not find the tensors inside ByteUNet's dataclass output, so on 2 ranks its
+    backward failed on weights already freed (the FSDP tests below, with torch 2.10 and 2.11): such a torch
+    is refused at once, with what to do, before anything is sharded."""
+    from learntok.train.distributed import DistInfo, parallelize
+
+    monkeypatch.setattr(torch, "__version__", version)
+    model = ByteUNet(tiny_config().model, tiny_config().boundaries)
+    info = DistInfo(rank=0, world_size=2, parallel="fsdp")
+    if refused:
+        with pytest.raises(RuntimeError, match="needs torch 2.12 or newer .*train.parallel=ddp"):
+            parallelize(model, tiny_config(), info)
+    else:  # gets past the check to the sharding, which needs a process group this test does not start
+        with pytest.raises(Exception) as failure:
+            parallelize(model, tiny_config(), info)
+        assert "needs torch 2.12" not in str(failure.value)
 
 
 @pytest.mark.slow

@@ -117,6 +117,13 @@ def parallelize(model: nn.Module, cfg, info: DistInfo) -> nn.Module:
                 dist.broadcast(t.data, src=0)
         return model
     if info.parallel == "fsdp":
+        major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+        if (major, minor) < (2, 12):
+            # FSDP2 before 2.12 hooks its backward only onto outputs that torch's pytree can flatten, and
+            # ByteUNet returns a dataclass: the root's weights are not gathered again for the backward
+            # ("setStorage: ... out of bounds for storage of size 0"; measured with 2.10 and 2.11)
+            raise RuntimeError(f"train.parallel=fsdp needs torch 2.12 or newer (this is {torch.__version__}); "
+                               f"train.parallel=ddp works with it")
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
         for stack in (model.encoder, model.mid, model.decoder):
             for block in _blocks(stack):
