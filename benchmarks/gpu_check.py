@@ -2,7 +2,7 @@
 each fit in one 10-minute command on one H100/H200, writing one Markdown report and its JSON.
 
     python benchmarks/gpu_check.py --stage tests                                   # environment + CUDA tests (~2 min)
-    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, FSDP2, attention, generation (~6 min)
+    python benchmarks/gpu_check.py --stage figures                                 # scan, 147M step, torchrun, attention, generation (~6 min)
     python benchmarks/gpu_check.py --stage learn --strategy uniform --data prose.jsonl.gz   # ~5 min
     python benchmarks/gpu_check.py --stage learn --strategy learned --data prose.jsonl.gz   # same FLOPs as uniform's
     python benchmarks/gpu_check.py --stage learn --data prose.jsonl.gz --seed 3 --seed 4   # both, per seed
@@ -756,8 +756,10 @@ def figure_compiled_generation(args, sizes: Sizes, device: torch.device, work: P
 
 
 def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
-    """Two optimizer steps of `learntok train` under a one-process torchrun with FSDP2 (NCCL on a GPU,
-    gloo on a CPU), on the demo corpus, ending with a sharded-state checkpoint."""
+    """Two optimizer steps of `learntok train train.parallel=fsdp` under a one-process torchrun, on the demo
+    corpus, ending with a checkpoint. One process starts no process group and shards nothing (FSDP2 itself
+    is tested on 2 CPU processes with gloo, tests/test_distributed.py): this checks the launch, the run and
+    the checkpoint on the GPU, not sharding, which needs 2 GPUs."""
     run_dir = work / "fsdp_run"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
@@ -776,7 +778,7 @@ def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     result["steps"] = [{k: r[k] for k in ("step", "loss", "bytes_per_s") if k in r} for r in rows]
     result["checkpoints"] = sorted(p.name for p in run_dir.glob("step_*"))
     if proc.returncode or not rows or not result["checkpoints"]:
-        result["error"] = f"torchrun FSDP2 step failed (exit {proc.returncode}):\n{output[-2000:]}"
+        result["error"] = f"one-process torchrun fsdp run failed (exit {proc.returncode}):\n{output[-2000:]}"
     return result
 
 
@@ -1076,7 +1078,7 @@ def render_figures(fig: dict) -> list[str]:
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
         steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))
-        out += [f"**FSDP2**, `{fsdp['command']}`: exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
+        out += [f"**train.parallel=fsdp, one process** (nothing sharded), `{fsdp['command']}`: exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
                 f"checkpoints {', '.join(fsdp.get('checkpoints', [])) or 'none'}", ""]
     for name, item in fig.items():
         if "skipped" in item:
