@@ -1078,7 +1078,8 @@ def render_figures(fig: dict) -> list[str]:
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
         steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))
-        out += [f"**train.parallel=fsdp, one process** (nothing sharded), `{fsdp['command']}`: exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
+        out += [f"**train.parallel=fsdp, one process** (nothing sharded), `{fsdp['command']}`: "
+                f"exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
                 f"checkpoints {', '.join(fsdp.get('checkpoints', [])) or 'none'}", ""]
     for name, item in fig.items():
         if "skipped" in item:
