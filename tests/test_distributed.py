@@ -125,14 +125,15 @@ def test_fsdp_refuses_a_torch_whose_fsdp2_misses_the_models_backward(version, re
     from learntok.train.distributed import DistInfo, parallelize
 
     monkeypatch.setattr(torch, "__version__", version)
-    model = ByteUNet(tiny_config().model, tiny_config().boundaries)
+    cfg = tiny_config()
+    model = ByteUNet(cfg.model, cfg.boundaries)
     info = DistInfo(rank=0, world_size=2, parallel="fsdp")
     if refused:
         with pytest.raises(RuntimeError, match="needs torch 2.12 or newer .*train.parallel=ddp"):
-            parallelize(model, tiny_config(), info)
+            parallelize(model, cfg, info)
     else:  # gets past the check to the sharding, which needs a process group this test does not start
         with pytest.raises(Exception) as failure:
-            parallelize(model, tiny_config(), info)
+            parallelize(model, cfg, info)
         assert "needs torch 2.12" not in str(failure.value)
 
 
