@@ -5,6 +5,7 @@ never stopped; bf16 autocast runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import warnings
@@ -14,8 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import tiny_config
+from conftest import random_inputs, tiny_config
+from test_causality import supplied_for
+from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
 
+from learntok.boundaries import STRATEGIES
 from learntok.data.demo import StreamBatches, stream_eval_batches
 from learntok.train import checkpoint as ckpt_io
 from learntok.data.loader import DataSources
@@ -69,6 +74,8 @@ def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps
     cfg = config(parallel, steps, **train)
     try:
         trainer = Trainer(cfg, run_dir, resume=resume, progress=False, data=rank_data(cfg, rank, world))
+        if parallel == "fsdp":  # sharded, not run in one piece
+            assert all(isinstance(p, DTensor) for p in trainer.model.parameters())
         trainer.train()
     finally:
         if dist.is_initialized():
@@ -116,25 +123,52 @@ def test_ddp_two_ranks_match_one_process(single, tmp_path):
     assert_same_metrics(rows, single)
 
 
-@pytest.mark.parametrize("version, refused", [("2.11.0+cu130", True), ("2.10.0", True), ("2.12.1", False),
-                                               ("2.13.0+cpu", False)])
-def test_fsdp_refuses_a_torch_whose_fsdp2_misses_the_models_backward(version, refused, monkeypatch):
-    """FSDP2 before torch 2.12 does not find the tensors inside ByteUNet's dataclass output, so on 2 ranks its
-    backward failed on weights already freed (the FSDP tests below, with torch 2.10 and 2.11): such a torch
-    is refused at once, with what to do, before anything is sharded."""
-    from learntok.train.distributed import DistInfo, parallelize
+def grad_tensors(output) -> list[torch.Tensor]:
+    """The tensors that require gradients in a model output, found by walking its dataclasses (what FSDP2
+    from torch 2.12 on does)."""
+    if torch.is_tensor(output):
+        return [output] if output.requires_grad else []
+    if dataclasses.is_dataclass(output):
+        return [t for f in dataclasses.fields(output) for t in grad_tensors(getattr(output, f.name))]
+    return []
 
-    monkeypatch.setattr(torch, "__version__", version)
-    cfg = tiny_config()
-    model = ByteUNet(cfg.model, cfg.boundaries)
-    info = DistInfo(rank=0, world_size=2, parallel="fsdp")
-    if refused:
-        with pytest.raises(RuntimeError, match="needs torch 2.12 or newer .*train.parallel=ddp"):
-            parallelize(model, cfg, info)
-    else:  # gets past the check to the sharding, which needs a process group this test does not start
-        with pytest.raises(Exception) as failure:
-            parallelize(model, cfg, info)
-        assert "needs torch 2.12" not in str(failure.value)
+
+@pytest.fixture
+def outputs_as_pytrees():
+    """`_register_outputs_as_pytrees` for one test, undone after it, so the other tests see torch's default."""
+    from learntok.train.distributed import _register_outputs_as_pytrees
+
+    before = set(pytree.SUPPORTED_NODES)
+    _register_outputs_as_pytrees()
+    yield
+    for cls in set(pytree.SUPPORTED_NODES) - before:
+        pytree._deregister_pytree_node(cls)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_older_fsdp2_finds_every_tensor_of_the_models_output(name, outputs_as_pytrees):
+    """FSDP2 before torch 2.12 hooks the root's backward (which gathers its weights again) onto the output
+    tensors that torch's pytree finds; on 2 ranks its backward failed on freed weights (torch 2.10 and 2.11)
+    until ByteUNet's output dataclasses were pytree nodes. Every strategy's training output: the pytree finds
+    each tensor that requires gradients, and unflattening gives back the same output."""
+    torch.manual_seed(0)
+    cfg = tiny_config(name=name)
+    model = ByteUNet(cfg.model, cfg.boundaries).train()
+    inputs = random_inputs(2, 40)
+    out = model(inputs, supplied=supplied_for(model, inputs), uniforms=torch.rand(inputs.shape))
+    want = grad_tensors(out)
+    assert any(t is out.logits for t in want)
+    leaves, spec = pytree.tree_flatten(out)
+    assert [id(t) for t in leaves if torch.is_tensor(t) and t.requires_grad] == [id(t) for t in want]
+    again = pytree.tree_unflatten(leaves, spec)
+    assert type(again) is type(out) and type(again.boundaries) is type(out.boundaries)
+    assert [id(t) for t in grad_tensors(again)] == [id(t) for t in want]
+
+
+def test_one_torchrun_process_shards_with_fsdp(single, tmp_path):
+    """torchrun with one process and train.parallel=fsdp: a group of one rank, FSDP2 on the model (its
+    all-gathers and reduce-scatters over one piece), and the one-process run's metrics."""
+    assert_same_metrics(run_ranks(1, "fsdp", tmp_path / "run", steps=4), single)
 
 
 @pytest.mark.slow

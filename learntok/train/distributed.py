@@ -24,6 +24,8 @@ nccl on CUDA and gloo on CPU. What is split and what is shared:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -31,13 +33,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..boundaries import Boundaries
+from ..unet import UNetOutput
 
 BUCKET_BYTES = 25 * 2**20  # gradient all-reduce bucket, as DDP's default
 
 
 @dataclass
 class DistInfo:
-    """This process's place among the ranks (one process, no group: rank 0 of 1)."""
+    """This process's place among the ranks (one process, no group: rank 0 of 1, `parallel` none)."""
 
     rank: int = 0
     world_size: int = 1
@@ -46,14 +52,15 @@ class DistInfo:
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """In a process group (of one or more ranks): collectives run."""
+        return self.parallel != "none"
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """SUM over ranks, in place (nothing to do on one rank)."""
+        """SUM over ranks, in place (nothing to do without a group)."""
         if self.enabled:
             dist.all_reduce(t)
         return t
@@ -87,22 +94,26 @@ class DistInfo:
 
 def init_distributed(device: str = "auto", parallel: str = "none") -> tuple[DistInfo, torch.device]:
     """Join the process group torchrun describes in the environment (once per process) and pick this
-    rank's device (cuda:LOCAL_RANK on a GPU machine). Without torchrun: rank 0 of 1."""
+    rank's device (cuda:LOCAL_RANK on a GPU machine). One torchrun process with `parallel` ddp or fsdp
+    joins a group of one, so that FSDP2 shards (into one piece) as it would on many; without torchrun:
+    rank 0 of 1, no group, `parallel` none."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    launched = all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    if world > 1 and parallel == "none":
+        raise ValueError(f"started as {world} processes (torchrun) with train.parallel=none: choose train.parallel=ddp "
+                         f"or fsdp, or start one process")
+    grouped = world > 1 or (launched and parallel != "none")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", local if world > 1 else torch.cuda.current_device())
+        dev = torch.device("cuda", local if grouped else torch.cuda.current_device())
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
+    if grouped and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
-    if world > 1 and parallel == "none":
-        raise ValueError(f"started as {world} processes (torchrun) with train.parallel=none: choose train.parallel=ddp "
-                         f"or fsdp, or start one process")
-    return DistInfo(rank, world, local, parallel if world > 1 else "none"), dev
+    return DistInfo(rank, world, local, parallel if grouped else "none"), dev
 
 
 def parallelize(model: nn.Module, cfg, info: DistInfo) -> nn.Module:
@@ -117,13 +128,8 @@ def parallelize(model: nn.Module, cfg, info: DistInfo) -> nn.Module:
                 dist.broadcast(t.data, src=0)
         return model
     if info.parallel == "fsdp":
-        major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-        if (major, minor) < (2, 12):
-            # FSDP2 before 2.12 hooks its backward only onto outputs that torch's pytree can flatten, and
-            # ByteUNet returns a dataclass: the root's weights are not gathered again for the backward
-            # ("setStorage: ... out of bounds for storage of size 0"; measured with 2.10 and 2.11)
-            raise RuntimeError(f"train.parallel=fsdp needs torch 2.12 or newer (this is {torch.__version__}); "
-                               f"train.parallel=ddp works with it")
+        if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 12):
+            _register_outputs_as_pytrees()  # newer FSDP2 looks inside dataclasses itself
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
         for stack in (model.encoder, model.mid, model.decoder):
             for block in _blocks(stack):
@@ -136,6 +142,31 @@ def parallelize(model: nn.Module, cfg, info: DistInfo) -> nn.Module:
         register_fsdp_forward_method(model, "encode")  # an entry point besides forward: it gathers the weights too
         return model
     raise ValueError(f"train.parallel={info.parallel!r}: use none, ddp or fsdp")
+
+
+def _register_outputs_as_pytrees() -> None:
+    """Make the dataclasses ByteUNet returns (`UNetOutput`, every strategy's `Boundaries`) pytree nodes.
+    FSDP2 before torch 2.12 hooks a module's backward onto the output tensors that torch's pytree finds, which
+    does not look inside a dataclass: the root's weights were then not gathered again for the backward
+    ("setStorage: ... storage of size 0", 2 ranks, torch 2.10 and 2.11)."""
+    classes, todo = [], [UNetOutput, Boundaries]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    for cls in classes:
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_pytree_node(cls, _dataclass_children, functools.partial(_dataclass_from_children, cls),
+                                        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+
+
+def _dataclass_children(obj) -> tuple[list, tuple[str, ...]]:
+    names = tuple(f.name for f in dataclasses.fields(obj))
+    return [getattr(obj, name) for name in names], names
+
+
+def _dataclass_from_children(cls, children, names):
+    return cls(**dict(zip(names, children)))
 
 
 def _blocks(stack: nn.Module) -> list[nn.Module]:
