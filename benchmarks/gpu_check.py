@@ -757,9 +757,9 @@ def figure_compiled_generation(args, sizes: Sizes, device: torch.device, work: P
 
 def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     """Two optimizer steps of `learntok train train.parallel=fsdp` under a one-process torchrun, on the demo
-    corpus, ending with a checkpoint. One process starts no process group and shards nothing (FSDP2 itself
-    is tested on 2 CPU processes with gloo, tests/test_distributed.py): this checks the launch, the run and
-    the checkpoint on the GPU, not sharding, which needs 2 GPUs."""
+    corpus, ending with a checkpoint. The process joins a group of one rank (NCCL), so FSDP2 shards the model
+    into one piece and runs its all-gathers, reduce-scatters and full-state checkpoint on the GPU; splitting
+    across GPUs needs two (it is tested on 2 CPU processes with gloo, tests/test_distributed.py)."""
     run_dir = work / "fsdp_run"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
@@ -772,12 +772,13 @@ def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     output = proc.stdout + proc.stderr
     say(output[-2000:])
     result = {"command": " ".join(["torchrun"] + cmd[3:]), "returncode": proc.returncode,
-              "seconds": round(time.perf_counter() - start, 1)}
+              "seconds": round(time.perf_counter() - start, 1),
+              "sharded": "on 1 process (fsdp)" in output}  # what `learntok train` prints when FSDP2 is on
     from learntok.train.metrics import read_metrics
     rows = read_metrics(run_dir / "metrics.jsonl")  # none when the run wrote nothing; a cut-off last line is left out
     result["steps"] = [{k: r[k] for k in ("step", "loss", "bytes_per_s") if k in r} for r in rows]
     result["checkpoints"] = sorted(p.name for p in run_dir.glob("step_*"))
-    if proc.returncode or not rows or not result["checkpoints"]:
+    if proc.returncode or not rows or not result["checkpoints"] or not result["sharded"]:
         result["error"] = f"one-process torchrun fsdp run failed (exit {proc.returncode}):\n{output[-2000:]}"
     return result
 
@@ -1078,7 +1079,8 @@ def render_figures(fig: dict) -> list[str]:
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
         steps = ", ".join(f"step {s['step']} loss {s.get('loss', float('nan')):.3f}" for s in fsdp.get("steps", []))
-        out += [f"**train.parallel=fsdp, one process** (nothing sharded), `{fsdp['command']}`: "
+        how = "FSDP2 over a group of one rank" if fsdp.get("sharded") else "FSDP2 was not on"
+        out += [f"**train.parallel=fsdp, one process** ({how}), `{fsdp['command']}`: "
                 f"exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
                 f"checkpoints {', '.join(fsdp.get('checkpoints', [])) or 'none'}", ""]
     for name, item in fig.items():

@@ -1,7 +1,8 @@
 """Data parallelism on CPU: 2 processes with the gloo backend give the single-process run's metrics (the
-same global batch, the same boundary samples, the advantage baseline over all ranks), for ddp and fsdp;
-a checkpoint written by 2 ranks resumes in 1 process, and a run to a FLOPs budget resumes on 2 ranks as if
-never stopped; bf16 autocast runs."""
+same global batch, the same boundary samples, the advantage baseline over all ranks), for ddp and fsdp,
+and so does one torchrun process with fsdp (a group of one rank); the FSDP2 of torch 2.10 and 2.11 finds
+every tensor of the model's output; a checkpoint written by 2 ranks resumes in 1 process, and a run to a
+FLOPs budget resumes on 2 ranks as if never stopped; bf16 autocast runs."""
 
 from __future__ import annotations
 

@@ -61,6 +61,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     compiled = figures["compiled_generation"]
     assert compiled["compiled_bytes_s"] > 0 and compiled["compiled_batched_bytes_s"] > 0
     assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
+    assert figures["fsdp"]["sharded"]  # a group of one rank: FSDP2 on, not a plain one-process run
     uniform, learned = parts["learn_uniform"]["result"], parts["learn_learned"]["result"]
     # the learned run stops at the first step that reaches the uniform run's FLOPs
     step = learned["flops"] / learned["steps"]

@@ -79,7 +79,8 @@ def _run(args: argparse.Namespace) -> int:
           "; TensorBoard not installed (pip install 'learntok[tensorboard]')" if t.tensorboard else "")
     say(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters; {trainer.total_steps} steps of "
           f"{t.batch_size} x {t.seq_len} bytes" + (f" in {t.micro_batches} micro-batches" if t.micro_batches > 1 else "")
-          + (f" on {trainer.dist.world_size} processes ({t.parallel})" if trainer.dist.enabled else "")
+          + (f" on {trainer.dist.world_size} process{'es' if trainer.dist.world_size > 1 else ''} ({t.parallel})"
+             if trainer.dist.enabled else "")
           + (" in bf16 autocast" if t.precision == "bf16" else "")
           + f"\nrun directory: {run_dir} (metrics.jsonl{tb})", flush=True)
     try:
