@@ -1,6 +1,6 @@
 """Data parallelism on CPU: 2 processes with the gloo backend give the single-process run's metrics (the
 same global batch, the same boundary samples, the advantage baseline over all ranks), for ddp and fsdp,
-and so does one torchrun process with fsdp (a group of one rank); the FSDP2 of torch 2.10 and 2.11 finds
+and so does one torchrun process (a group of one rank); the FSDP2 of torch 2.10 and 2.11 finds
 every tensor of the model's output; a checkpoint written by 2 ranks resumes in 1 process, and a run to a
 FLOPs budget resumes on 2 ranks as if never stopped; bf16 autocast runs."""
 
@@ -75,6 +75,7 @@ def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps
     cfg = config(parallel, steps, **train)
     try:
         trainer = Trainer(cfg, run_dir, resume=resume, progress=False, data=rank_data(cfg, rank, world))
+        assert trainer.dist.enabled and dist.get_world_size() == world  # in a group, whatever its size
         if parallel == "fsdp":  # sharded, not run in one piece
             assert all(isinstance(p, DTensor) for p in trainer.model.parameters())
         trainer.train()
@@ -166,10 +167,12 @@ def test_older_fsdp2_finds_every_tensor_of_the_models_output(name, outputs_as_py
     assert [id(t) for t in grad_tensors(again)] == [id(t) for t in want]
 
 
-def test_one_torchrun_process_shards_with_fsdp(single, tmp_path):
-    """torchrun with one process and train.parallel=fsdp: a group of one rank, FSDP2 on the model (its
-    all-gathers and reduce-scatters over one piece), and the one-process run's metrics."""
-    assert_same_metrics(run_ranks(1, "fsdp", tmp_path / "run", steps=4), single)
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_one_torchrun_process_joins_a_group_of_one(single, tmp_path, parallel):
+    """torchrun with one process and train.parallel=ddp or fsdp: a group of one rank, so the collectives run
+    (fsdp: FSDP2 on the model, its all-gathers and reduce-scatters over one piece), and the one-process
+    run's metrics."""
+    assert_same_metrics(run_ranks(1, parallel, tmp_path / "run", steps=4), single)
 
 
 @pytest.mark.slow
