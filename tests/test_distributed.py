@@ -167,6 +167,17 @@ def test_older_fsdp2_finds_every_tensor_of_the_models_output(name, outputs_as_py
     assert [id(t) for t in grad_tensors(again)] == [id(t) for t in want]
 
 
+def test_parallel_without_torchrun_trains_alone_and_says_so(monkeypatch):
+    from learntok.train.distributed import init_distributed
+
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.warns(UserWarning, match="train.parallel=fsdp in a process torchrun did not start"):
+        info, device = init_distributed("cpu", "fsdp")
+    assert (info.parallel, info.world_size, info.enabled, device) == ("none", 1, False, torch.device("cpu"))
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_one_torchrun_process_joins_a_group_of_one(single, tmp_path, parallel):
     """torchrun with one process and train.parallel=ddp or fsdp: a group of one rank, so the collectives run

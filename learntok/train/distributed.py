@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +104,9 @@ def init_distributed(device: str = "auto", parallel: str = "none") -> tuple[Dist
     if world > 1 and parallel == "none":
         raise ValueError(f"started as {world} processes (torchrun) with train.parallel=none: choose train.parallel=ddp "
                          f"or fsdp, or start one process")
+    if parallel != "none" and not launched:
+        warnings.warn(f"train.parallel={parallel} in a process torchrun did not start: it trains alone, in no "
+                      f"process group (start it with torchrun to replicate or shard)", stacklevel=2)
     grouped = world > 1 or (launched and parallel != "none")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
