@@ -167,6 +167,31 @@ def test_older_fsdp2_finds_every_tensor_of_the_models_output(name, outputs_as_py
     assert [id(t) for t in grad_tensors(again)] == [id(t) for t in want]
 
 
+@pytest.mark.parametrize("max_norm", [0.5, 1e9])
+def test_fsdp_gradient_norm_and_clip_match_torchs_clip_grad_norm(max_norm):
+    """The squared norm FSDP ranks all-reduce, and the clip they then apply (one rank: the whole gradient),
+    give what torch.nn.utils.clip_grad_norm_ gives; parameters without a gradient are left out."""
+    from learntok.train.distributed import clip_with_norm_, local_grad_sq
+
+    torch.manual_seed(0)
+    cfg = tiny_config(name="learned")
+    ours, torchs = (ByteUNet(cfg.model, cfg.boundaries) for _ in range(2))
+    for k, (p, q) in enumerate(zip(ours.parameters(), torchs.parameters())):
+        if k % 5 != 3:
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+    square = local_grad_sq(ours)
+    want = sum(p.grad.double().pow(2).sum() for p in ours.parameters() if p.grad is not None)
+    assert float(square) == pytest.approx(float(want), rel=1e-6)
+    clip_with_norm_(ours, max_norm, square.sqrt())
+    norm = torch.nn.utils.clip_grad_norm_(torchs.parameters(), max_norm)
+    assert float(square.sqrt()) == pytest.approx(float(norm), rel=1e-6)
+    for p, q in zip(ours.parameters(), torchs.parameters()):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=0)
+
+
 def test_parallel_without_torchrun_trains_alone_and_says_so(monkeypatch):
     from learntok.train.distributed import init_distributed
 
