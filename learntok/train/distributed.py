@@ -195,10 +195,8 @@ def sync_gradients(model: nn.Module, info: DistInfo) -> None:
         if bucket and (g is None or size >= BUCKET_BYTES):
             flat = torch.cat([b.reshape(-1) for b in bucket])
             dist.all_reduce(flat)
-            at = 0
-            for b in bucket:
-                b.copy_(flat[at: at + b.numel()].view_as(b))
-                at += b.numel()
+            pieces = flat.split([b.numel() for b in bucket])
+            torch._foreach_copy_(bucket, [piece.view_as(b) for piece, b in zip(pieces, bucket)])
             bucket, size = [], 0
 
 
