@@ -42,6 +42,7 @@ from all; with ``top_k=k`` pass the same k to both). Beam search and assisted de
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -58,6 +59,11 @@ from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .eval.scorer import boundary_uniforms
 from .generation import CachedRows
 from .unet import ByteUNet
+
+# transformers 5.24 renamed the generation cache `cache` (`past_key_values` is deprecated there, with a
+# warning, and due to go); 5.0-5.23 call it `past_key_values`. The model takes either and hands the cache
+# back under the installed transformers' own name.
+CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 __all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokTokenizer"]
 
@@ -100,6 +106,7 @@ class LearntokCache:
     made on the first call, and ``seen``, the columns of ``input_ids`` fed so far."""
 
     is_compileable = False
+    is_linear: tuple[bool, ...] = ()  # no per-layer key/value caches for generate to slice its inputs by
 
     def __init__(self, max_length: int | None = None):
         self.max_length = max_length  # columns of input_ids generation will reach, when known
@@ -176,22 +183,25 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         return u.expand(rows, length)
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                past_key_values: LearntokCache | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                cache: LearntokCache | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, return_dict: bool | None = None,
+                past_key_values: LearntokCache | None = None, **kwargs) -> CausalLMOutputWithPast:
         """Next-byte logits (B, T, V) at every given position (zeros at padding), and with ``labels``
         the mean next-byte cross-entropy over positions whose label is not -100 (shifted as usual).
-        With a `LearntokCache` (generation): the logits of the newest position only, (B, 1, V)."""
-        if past_key_values is None and use_cache and not self.training:
-            past_key_values = LearntokCache()
-        if past_key_values is not None:
-            logits = self._generation_step(input_ids, attention_mask, past_key_values)
+        With a `LearntokCache` (generation; `cache`, or `past_key_values` as older transformers name it):
+        the logits of the newest position only, (B, 1, V)."""
+        cache = cache if cache is not None else past_key_values
+        if cache is None and use_cache and not self.training:
+            cache = LearntokCache()
+        if cache is not None:
+            logits = self._generation_step(input_ids, attention_mask, cache)
         else:
             logits = self._full_forward(input_ids, attention_mask)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
 
     @staticmethod
     def _real(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,15 +256,15 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         key/value caches: the U-Net's levels and its strategy keep their own state)."""
         if generation_config.num_beams > 1:
             raise NotImplementedError("learntok: beam search is not supported; use greedy or sampling")
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = LearntokCache(generation_config.max_length)
+        if model_kwargs.get(CACHE) is None and generation_config.use_cache is not False:
+            model_kwargs[CACHE] = LearntokCache(generation_config.max_length)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values: LearntokCache | None = None,
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, cache: LearntokCache | None = None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
-                                      **kwargs) -> dict:
+                                      past_key_values: LearntokCache | None = None, **kwargs) -> dict:
         """Every column every time: the cache knows which it has seen (without a cache, a full forward)."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": past_key_values,
-                "use_cache": use_cache}
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                CACHE: cache if cache is not None else past_key_values, "use_cache": use_cache}
 
 
 class LearntokTokenizer(PreTrainedTokenizer):

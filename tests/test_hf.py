@@ -27,6 +27,7 @@ import learntok  # noqa: E402
 import learntok.hf  # noqa: E402,F401  (registers the classes)
 from learntok.data.batch import BOS, EOS, PAD  # noqa: E402
 from learntok.eval.scorer import UNetScorer, boundary_uniforms  # noqa: E402
+from learntok.generation import CachedRows  # noqa: E402
 from learntok.unet import ByteUNet  # noqa: E402
 
 from conftest import spread_strategy_weights, tiny_config  # noqa: E402
@@ -122,8 +123,10 @@ def test_labels_give_the_next_byte_cross_entropy(saved):
 @pytest.mark.parametrize("settings", [dict(temperature=0), dict(), dict(temperature=0.8, top_k=20),
                                       dict(temperature=1.3, top_p=0.9)], ids=["greedy", "plain", "top_k", "top_p"])
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
-def test_generate_draws_the_bytes_of_learntok_generate(saved, settings, use_cache):
+def test_generate_draws_the_bytes_of_learntok_generate(saved, settings, use_cache, monkeypatch):
     unet, directory = saved
+    prefills = []  # with the cache: one prefill, then a step per byte (not a prefill per byte)
+    monkeypatch.setattr(learntok.hf, "CachedRows", lambda *a, **k: prefills.append(1) or CachedRows(*a, **k))
     model = AutoModelForCausalLM.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     n = 60
@@ -137,6 +140,7 @@ def test_generate_draws_the_bytes_of_learntok_generate(saved, settings, use_cach
         new = new[:new.index(EOS)]
     assert bytes(new) == ours.data
     assert len(ours.data) > 10  # not vacuous
+    assert len(prefills) == (1 if use_cache else 0)
 
 
 def test_generate_a_left_padded_batch_row_by_row(saved):
@@ -193,6 +197,7 @@ sys.stdout.buffer.write(bytes(t for t in out[0].tolist() if t < 256))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert b"past_key_values" not in proc.stderr  # transformers' own name for the cache: no deprecation warning
     expected = learntok.generate(unet, TEXTS[0], max_bytes=20, temperature=0)
     assert proc.stdout == TEXTS[0].encode() + expected.data[:20]
 
