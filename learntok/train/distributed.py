@@ -24,8 +24,6 @@ nccl on CUDA and gloo on CPU. What is split and what is shared:
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 import os
 import warnings
@@ -160,17 +158,7 @@ def _register_outputs_as_pytrees() -> None:
         todo.extend(cls.__subclasses__())
     for cls in classes:
         if cls not in pytree.SUPPORTED_NODES:
-            pytree.register_pytree_node(cls, _dataclass_children, functools.partial(_dataclass_from_children, cls),
-                                        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
-
-
-def _dataclass_children(obj) -> tuple[list, tuple[str, ...]]:
-    names = tuple(f.name for f in dataclasses.fields(obj))
-    return [getattr(obj, name) for name in names], names
-
-
-def _dataclass_from_children(cls, children, names):
-    return cls(**dict(zip(names, children)))
+            pytree.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
 
 
 def _blocks(stack: nn.Module) -> list[nn.Module]:
