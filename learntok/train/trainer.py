@@ -133,7 +133,9 @@ class Trainer:
         self.step = 0
         self.bytes_seen = 0
         self.flops = 0
-        self._pending_tokens = torch.zeros((), dtype=torch.float64, device=self.device)  # see `_settle_flops`
+        # with several ranks: this rank's tokens and second boundary draws' FLOPs since the last log line, summed
+        # over ranks there (`_settle_flops`), so that no step waits for a reduction to read them
+        self._pending = torch.zeros(2, dtype=torch.float64, device=self.device)
         # skipped steps, counted on the device: in a row now, the longest run since the last check, in all
         self._bad = torch.zeros(3, dtype=torch.long, device=self.device)
         self.bytes_per_step = t.batch_size * t.seq_len
@@ -182,12 +184,13 @@ class Trainer:
         return int(self._bad[2])
 
     def _settle_flops(self) -> None:
-        """Add the tokens summed over ranks since the last call to `flops` (with several ranks each rank
-        knows only its own tokens until a reduction; they are reduced at log lines)."""
+        """Add the FLOPs of the tokens and second boundary draws summed over ranks since the last call to
+        `flops` (with several ranks each rank knows only its own until a reduction; they are reduced at log lines)."""
         if self.dist.enabled:
-            self.dist.all_reduce(self._pending_tokens)
-            self.flops += self.model.flops(0, int(self._pending_tokens))
-            self._pending_tokens.zero_()
+            self.dist.all_reduce(self._pending)
+            tokens, second_draws = (int(x) for x in self._pending.tolist())
+            self.flops += self.model.flops(0, tokens) + second_draws
+            self._pending.zero_()
 
     def _check_bad_steps(self) -> None:
         worst = int(self._bad[1])
@@ -199,12 +202,14 @@ class Trainer:
                 f"checkpoint precedes them: lower train.lr, check the data, or raise train.max_bad_steps")
 
     def _state(self) -> dict:
-        # the tokens not yet in `flops` are saved beside it, not added: a checkpoint between log lines
-        # leaves the FLOPs that `_plan_to_budget` reads as they would be without it
-        pending = self._pending_tokens.clone()
+        # the tokens and second draws' FLOPs not yet in `flops` are saved beside it, not added: a checkpoint
+        # between log lines leaves the FLOPs that `_plan_to_budget` reads as they would be without it
+        pending = self._pending.clone()
         if self.dist.enabled:
             self.dist.all_reduce(pending)
-        return {"bytes_seen": self.bytes_seen, "flops": self.flops, "pending_tokens": int(pending),
+        tokens, second_draws = (int(x) for x in pending.tolist())
+        return {"bytes_seen": self.bytes_seen, "flops": self.flops, "pending_tokens": tokens,
+                "pending_second_draw_flops": second_draws,
                 "bad_in_a_row": self.bad_in_a_row,
                 "bad_total": self.bad_total, "config": to_dict(self.cfg), "data": self.data.train.state_dict(),
                 "sample_rng": ckpt_io.rng_to_json(self.sample_rng),
@@ -281,11 +286,12 @@ class Trainer:
             raise ckpt_io.CheckpointError(f"{ckpt}: cannot continue its data stream: {e}") from None
         self.step = state["step"]
         self.bytes_seen, self.flops = state["bytes_seen"], state["flops"]
-        pending = state.get("pending_tokens", 0)  # the other ranks' and its own: held by rank 0 until summed
+        # the other ranks' and its own: held by rank 0 until summed
+        tokens, second_draws = state.get("pending_tokens", 0), state.get("pending_second_draw_flops", 0)
         if not self.dist.enabled:
-            self.flops += self.model.flops(0, pending)
+            self.flops += self.model.flops(0, tokens) + second_draws
         elif self.dist.is_main:
-            self._pending_tokens.fill_(pending)
+            self._pending.copy_(torch.tensor([tokens, second_draws], dtype=torch.float64))
         self.total_steps = self._steps_to_go()
         in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
         self._bad = torch.tensor([in_a_row, in_a_row, state.get("bad_total", in_a_row)], device=self.device)
@@ -374,23 +380,22 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
             self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws)
-            self.flops += int(metrics.get("baseline_flops", 0))
+            self.flops += int(metrics.get("baseline_flops", 0))  # a host number: no sync
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
             square = local_grad_sq(self.model).double().to(self.device) if fsdp else torch.zeros((), dtype=torch.float64, device=self.device)
-            second_draw = metrics.get("baseline_flops", torch.zeros((), dtype=torch.float64))
-            check = torch.stack([metrics["loss"].double(), square, second_draw.to(self.device)])
-            self.dist.all_reduce(check)  # the global loss, squared norm of the gradient's shards, second draws' FLOPs
+            check = torch.stack([metrics["loss"].double(), square])
+            self.dist.all_reduce(check)  # the global loss and squared norm of the gradient's shards
             loss = check[0]
-            self.flops += int(check[2])
             if fsdp:
                 grad_norm = check[1].sqrt()
                 clip_with_norm_(self.model, max_norm, grad_norm)
             else:  # the gradients are the global batch's on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0, self.model.draws)
-            self._pending_tokens += tokens  # this rank's; summed over ranks by `_settle_flops`
+            self._pending[0] += tokens  # this rank's; summed over ranks by `_settle_flops`
+            self._pending[1] += int(metrics.get("baseline_flops", 0))
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~ok).float()  # the fused AdamW kernel skips the whole update when 1
         self.optimizer.step()
