@@ -1,8 +1,9 @@
 """Data parallelism on CPU: 2 processes with the gloo backend give the single-process run's metrics (the
 same global batch, the same boundary samples, the advantage baseline over all ranks), for ddp and fsdp,
 and so does one torchrun process (a group of one rank); the FSDP2 of torch 2.10 and 2.11 finds
-every tensor of the model's output; a checkpoint written by 2 ranks resumes in 1 process, and a run to a
-FLOPs budget resumes on 2 ranks as if never stopped; bf16 autocast runs."""
+every tensor of the model's output; a step in a group reads from the device what a step in one process
+reads, and second boundary draws' FLOPs are those of one process; a checkpoint written by 2 ranks resumes
+in 1 process, and a run to a FLOPs budget resumes on 2 ranks as if never stopped; bf16 autocast runs."""
 
 from __future__ import annotations
 
@@ -296,6 +297,17 @@ def test_ddp_with_boundary_groups_matches_one_process(tmp_path):
     groups = dict(boundaries_group_size=2, boundaries_learned={"batch_centering": "group_loo"})
     single = run_single(tmp_path / "single", steps=4, **groups)
     assert_same_metrics(run_ranks(2, "ddp", tmp_path / "run", steps=4, micro_batches=2, **groups), single)
+
+
+@pytest.mark.slow
+def test_two_ranks_with_a_second_draw_match_one_process_flops_included(tmp_path):
+    """`batch_centering=draw` on 2 ranks: each rank's second draws' FLOPs, summed over ranks at the log lines,
+    are the one-process run's, and so are the metrics."""
+    train = dict(boundaries_learned={"batch_centering": "draw", "draw_share": 0.5}, log_every=2, eval_every=0)
+    single = run_single(tmp_path / "single", steps=4, **train)
+    rows = run_ranks(2, "ddp", tmp_path / "run", steps=4, **train)
+    assert_same_metrics(rows, single)
+    assert [r["flops"] for r in rows] == [r["flops"] for r in single]
 
 
 @pytest.mark.slow
