@@ -7,6 +7,7 @@ in 1 process, and a run to a FLOPs budget resumes on 2 ranks as if never stopped
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -213,6 +214,20 @@ def test_one_torchrun_process_joins_a_group_of_one(single, tmp_path, parallel):
     assert_same_metrics(run_ranks(1, parallel, tmp_path / "run", steps=4), single)
 
 
+@contextlib.contextmanager
+def torchrun_environment(monkeypatch):
+    """Inside: the environment torchrun gives one process, so that a Trainer with ddp or fsdp starts a group
+    of one rank (gloo); on leaving, the group ends."""
+    for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
+                           WORLD_SIZE="1").items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_a_step_in_a_group_reads_from_the_device_what_one_process_reads(tmp_path, monkeypatch, parallel):
     """In a group, as in one process, a step's only reads of tensor values on the host are the token count
@@ -220,28 +235,14 @@ def test_a_step_in_a_group_reads_from_the_device_what_one_process_reads(tmp_path
     reads = {}
     for name in ("none", parallel):
         cfg = config(name, 3, log_every=100, eval_every=0)
-        try:
-            trainer = Trainer(cfg, tmp_path / name, progress=False, data=rank_data(cfg, 0, 1)) if name == "none" else \
-                grouped_trainer(monkeypatch, cfg, tmp_path / name)
+        with torchrun_environment(monkeypatch) if name != "none" else contextlib.nullcontext():
+            trainer = Trainer(cfg, tmp_path / name, progress=False, data=rank_data(cfg, 0, 1))
+            assert trainer.dist.enabled == (name != "none")
             trainer.train_step(trainer.data.train.next_batch())  # the first step builds the optimizer state
-            spied = spy_host_reads(monkeypatch)
+            reads[name] = spy_host_reads(monkeypatch)
             trainer.train_step(trainer.data.train.next_batch())
             monkeypatch.undo()
-            reads[name] = spied
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
     assert reads[parallel] == reads["none"] and reads["none"], reads
-
-
-def grouped_trainer(monkeypatch, cfg, run_dir, resume: bool = False) -> Trainer:
-    """A Trainer in a process that torchrun's environment puts in a group of one rank (gloo)."""
-    for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
-                           WORLD_SIZE="1").items():
-        monkeypatch.setenv(key, value)
-    trainer = Trainer(cfg, run_dir, resume=resume, progress=False, data=rank_data(cfg, 0, 1))
-    assert trainer.dist.enabled
-    return trainer
 
 
 def test_a_second_draws_flops_in_a_group_are_counted_at_log_lines_and_resume(tmp_path, monkeypatch):
@@ -250,15 +251,11 @@ def test_a_second_draws_flops_in_a_group_are_counted_at_log_lines_and_resume(tmp
     resumes it counts them: the FLOPs at every log line are the one-process run's."""
     train = dict(boundaries_learned={"batch_centering": "draw", "draw_share": 0.5}, log_every=3, eval_every=0)
     alone = run_single(tmp_path / "alone", steps=6, **train)
-    try:
-        grouped_trainer(monkeypatch, config("ddp", 6, checkpoint_every=4, keep_checkpoints=0, **train),
-                        tmp_path / "grouped").train()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    cfg = config("ddp", 6, checkpoint_every=4, keep_checkpoints=0, **train)
+    with torchrun_environment(monkeypatch):
+        Trainer(cfg, tmp_path / "grouped", progress=False, data=rank_data(cfg, 0, 1)).train()
     grouped = read_metrics(tmp_path / "grouped" / "metrics.jsonl")
     assert [(r["step"], r["flops"]) for r in grouped] == [(r["step"], r["flops"]) for r in alone]
-    cfg = config("none", 6, **train)
     assert alone[-1]["flops"] > ByteUNet(cfg.model, cfg.boundaries).flops(6 * BATCH * SEQ, 0)  # the draws count
     (tmp_path / "grouped" / "step_000006").rename(tmp_path / "grouped" / "old_step_000006")  # resume from step 4
     resumed = run_single(tmp_path / "grouped", steps=6, resume=True, **train)
