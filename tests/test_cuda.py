@@ -1,17 +1,20 @@
 """The model on a CUDA device: the attention kernels against the dense reference, bf16 against fp32,
-compiled stacks without recompiles, and causality with the Triton scan drawing the boundaries. Every
-test skips without a CUDA device; `benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
+a training step of every strategy and estimator setting, compiled stacks without recompiles, and causality
+with the Triton scan drawing the boundaries. Every test skips without a CUDA device;
+`benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
 
 import pytest
 import torch
 
 from conftest import random_inputs, spread_strategy_weights, tiny_config
+from learntok.boundaries import STRATEGIES
 from learntok.data.batch import Batch
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
 from test_attention import (compiled_block_masks_against_create_block_mask, compiled_flex_stack_against_eager,
                             dense_reference, qkv)
+from test_causality import supplied_for
 from test_train import check_compiled_stacks_do_not_recompile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -61,6 +64,34 @@ def test_bf16_forward_backward_is_finite_and_close_to_fp32_on_cuda(attention):
         metrics = accumulate_gradients(learned, batch, 1, generator=torch.Generator(device="cuda").manual_seed(0))
     assert torch.isfinite(metrics["loss"]) and all(torch.isfinite(p.grad).all() for p in learned.parameters() if p.grad is not None)
     assert float(metrics["boundary_rate"]) > 0
+
+
+# every strategy, and the learned policy's estimator settings that draw more than once per sequence
+STEP_CASES = {name: (name, {}) for name in STRATEGIES} | {
+    "learned, a second draw": ("learned", {"learned": {"batch_centering": "draw", "draw_share": 0.5}}),
+    "learned, groups of two draws": ("learned", {"group_size": 2, "learned": {"batch_centering": "group_loo"}})}
+
+
+def one_training_step(name: str, boundaries: dict, device: str) -> dict:
+    """The gradient of one batch in 2 micro-batches on `device`, strategy `name` with `boundaries` fields."""
+    cfg = tiny_config(name=name, **boundaries)
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries).to(device).train()
+    inputs = random_inputs(4, 128).to(device)
+    batch = Batch(inputs, torch.cat([inputs[:, 1:], inputs[:, :1]], dim=1), boundaries=supplied_for(model, inputs))
+    metrics = accumulate_gradients(model, batch, 2, generator=torch.Generator(device=device).manual_seed(0))
+    assert torch.isfinite(metrics["loss"])
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    return metrics
+
+
+@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_every_strategy_and_estimator_setting_trains_a_step_on_cuda(case):
+    """No tensor of a step left on the CPU where CUDA tensors meet it (a strategy's state, a second draw's
+    rows), for every strategy and the learned policy's settings that draw again: finite loss and gradients."""
+    name, boundaries = STEP_CASES[case]
+    metrics = one_training_step(name, boundaries, "cuda")
+    assert metrics["loss"].device.type == "cuda"
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])

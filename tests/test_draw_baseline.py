@@ -7,14 +7,15 @@ that keeps its losses out of the encoder (`train_encoder=false`), the other esti
 credit-assignment results compare."""
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from learntok.boundaries import LossInputs, check
 from learntok.config import ConfigError, load_config
-from learntok.data.batch import Batch
-from learntok.train.accumulate import accumulate_gradients
+from learntok.data.batch import VOCAB_SIZE, Batch
+from learntok.train.accumulate import accumulate_gradients, baseline_draw
 from learntok.unet import ByteUNet
 
 from conftest import random_inputs, taking, tiny_config
@@ -112,6 +113,26 @@ def test_baseline_flops_count_a_forward_of_everything_after_the_encoder():
     # a third of a training step's FLOPs for the same bytes, less the encoder's and early head's
     train = model.flops(2 * 32, tokens)
     assert train / 3 > int(metrics["baseline_flops"]) > 0.5 * train / 3
+
+
+def test_the_second_draw_stays_on_the_batchs_device():
+    """On a GPU the second draw's log-likelihoods and row weights must lie on the GPU with the first draw's,
+    which the policy's rewards subtract and multiply. The meta device stands in for a GPU here: the model's
+    forward pass gives logits there, and the rows to draw again are a mask on the host, as the trainer has them."""
+    cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.5})
+    model = ByteUNet(cfg.model, cfg.boundaries).train()
+    meta = torch.device("meta")
+    batch = Batch.from_sequences(random_inputs(4, 33, seed=1)).to(meta)
+    model.forward = lambda inputs, **kw: SimpleNamespace(logits=torch.zeros(*inputs.shape, VOCAB_SIZE, device=meta),
+                                                         tok_real=torch.zeros(3, device=meta))
+    logp = torch.zeros(4, 32, device=meta)
+    first = LossInputs(logp, logp, batch.valid, torch.zeros_like(batch.valid), batch.valid)
+    chosen = model.boundaries.baseline_draw_rows(4)
+    assert chosen.device.type == "cpu" and chosen.tolist() == [False, True, False, True]
+    second, flops = baseline_draw(model, batch, torch.zeros(4, 32, 8, device=meta), chosen, first,
+                                  generator=None, uniforms=torch.zeros(4, 32, device=meta))
+    assert second.logp_baseline.device == second.baseline_weight.device == meta and flops > 0
+    assert model.boundaries._rewards(second).device == meta
 
 
 def test_without_a_second_draw_the_rewards_are_refused():

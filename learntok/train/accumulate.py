@@ -243,18 +243,20 @@ def baseline_draw(model: ByteUNet, mb: Batch, hidden: torch.Tensor, chosen: torc
     output `hidden`: `loss_inputs` with its log p(target) as `logp_baseline` (the other rows: their own
     log p, so that their difference is 0) and `baseline_weight` 1 on the chosen rows, and the draw's FLOPs
     (the strategy, token level, decoder and head: the encoder already ran)."""
-    idx = chosen.nonzero().squeeze(1)
+    # `chosen` is a mask on the host: its rows' indices go to the batch's device once, so that indexing copies
+    # nothing more and the row weights are made there
+    idx = chosen.nonzero().squeeze(1).to(hidden.device, non_blocking=True)
     pick = (lambda t: None if t is None else t[idx])
     logp_baseline = loss_inputs.logp.clone()
+    weight = torch.zeros_like(logp_baseline[:, 0]).index_fill_(0, idx, 1.0)
     flops = 0
     if len(idx):
         with torch.no_grad():
             out = model(mb.inputs[idx], doc_start=pick(mb.doc_start), supplied=pick(mb.boundaries),
                         generator=generator, uniforms=pick(uniforms), hidden=hidden[idx].detach())
             logp_baseline[idx] = target_log_probs(out.logits, mb.targets[idx])
-        flops += model.baseline_draw_flops(mb.inputs[idx].numel(), out.tok_real.numel())
-    return dataclasses.replace(loss_inputs, logp_baseline=logp_baseline,
-                               baseline_weight=chosen.to(logp_baseline.dtype)), flops
+        flops += model.baseline_draw_flops(len(idx) * mb.inputs.shape[1], out.tok_real.numel())
+    return dataclasses.replace(loss_inputs, logp_baseline=logp_baseline, baseline_weight=weight), flops
 
 
 def word_start_nll(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
