@@ -1,7 +1,7 @@
 """The model on a CUDA device: the attention kernels against the dense reference, bf16 against fp32,
-a training step of every strategy and estimator setting, compiled stacks without recompiles, and causality
-with the Triton scan drawing the boundaries. Every test skips without a CUDA device;
-`benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
+a training step of every strategy and estimator setting, scoring against the CPU's, compiled stacks without
+recompiles, and causality with the Triton scan drawing the boundaries. Every test skips without a CUDA
+device; `benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ import torch
 from conftest import random_inputs, spread_strategy_weights, tiny_config
 from learntok.boundaries import STRATEGIES
 from learntok.data.batch import Batch
+from learntok.generation import score_texts
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.unet import ByteUNet
 from learntok.train.accumulate import accumulate_gradients
@@ -92,6 +93,20 @@ def test_every_strategy_and_estimator_setting_trains_a_step_on_cuda(case):
     name, boundaries = STEP_CASES[case]
     metrics = one_training_step(name, boundaries, "cuda")
     assert metrics["loss"].device.type == "cuda"
+
+
+@pytest.mark.parametrize("name", ["learned", "uniform", "entropy"])
+def test_scoring_on_cuda_gives_the_cpus_bits_per_byte(name):
+    """`learntok score` and `learntok eval`'s scorer on CUDA (boundary draws from a host stream, windows of
+    the trained length, two boundary samples): the bits per byte the CPU gives."""
+    cfg = tiny_config(name=name)
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    spread_strategy_weights(model, std=1.0)  # boundaries that depend on the bytes
+    texts = ["The quick brown fox jumps over the lazy dog. " * 3, "Once upon a time"]  # the first in windows
+    on_cpu = [s.bpb_samples for s in score_texts(model, texts, samples=2)]
+    on_cuda = [s.bpb_samples for s in score_texts(model.cuda(), texts, samples=2)]
+    assert on_cuda == [pytest.approx(b, rel=1e-4) for b in on_cpu]
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
