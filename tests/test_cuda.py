@@ -67,10 +67,12 @@ def test_bf16_forward_backward_is_finite_and_close_to_fp32_on_cuda(attention):
     assert float(metrics["boundary_rate"]) > 0
 
 
-# every strategy, and the learned policy's estimator settings that draw more than once per sequence
+# every strategy, the learned policy's estimator settings that draw more than once per sequence, and its start
+# from a copy of a rule
 STEP_CASES = {name: (name, {}) for name in STRATEGIES} | {
     "learned, a second draw": ("learned", {"learned": {"batch_centering": "draw", "draw_share": 0.5}}),
-    "learned, groups of two draws": ("learned", {"group_size": 2, "learned": {"batch_centering": "group_loo"}})}
+    "learned, groups of two draws": ("learned", {"group_size": 2, "learned": {"batch_centering": "group_loo"}}),
+    "learned, copying word starts": ("learned", {"learned": {"imitate": "word_start", "imitate_until": 0.5}})}
 
 
 def one_training_step(name: str, boundaries: dict, device: str) -> dict:
@@ -78,6 +80,7 @@ def one_training_step(name: str, boundaries: dict, device: str) -> dict:
     cfg = tiny_config(name=name, **boundaries)
     torch.manual_seed(0)
     model = ByteUNet(cfg.model, cfg.boundaries).to(device).train()
+    model.set_progress(0, 1)  # the start of a run (a copied rule is executed)
     inputs = random_inputs(4, 128).to(device)
     batch = Batch(inputs, torch.cat([inputs[:, 1:], inputs[:, :1]], dim=1), boundaries=supplied_for(model, inputs))
     metrics = accumulate_gradients(model, batch, 2, generator=torch.Generator(device=device).manual_seed(0))
