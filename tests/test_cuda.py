@@ -92,7 +92,8 @@ def one_training_step(name: str, boundaries: dict, device: str) -> dict:
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_every_strategy_and_estimator_setting_trains_a_step_on_cuda(case):
     """No tensor of a step left on the CPU where CUDA tensors meet it (a strategy's state, a second draw's
-    rows), for every strategy and the learned policy's settings that draw again: finite loss and gradients."""
+    rows), for every strategy and the learned policy's settings that draw again or copy a rule: finite loss and
+    gradients."""
     name, boundaries = STEP_CASES[case]
     metrics = one_training_step(name, boundaries, "cuda")
     assert metrics["loss"].device.type == "cuda"
