@@ -373,14 +373,14 @@ class Trainer:
                                            generator=self.sample_rng, recompute_encoder=t.recompute_encoder,
                                            totals=totals, reduce=self.dist.sum_dict if totals else None,
                                            baseline_uniforms=baseline_uniforms)
-        # the token count is known on the host (the model sized its token level with it)
-        tokens = int(metrics["tokens"])
+        # host numbers, read without a sync: the token count (the model sized its token level with it) and the
+        # FLOPs of a second boundary draw (counted from shapes)
+        tokens, second_draws = int(metrics["tokens"]), int(metrics.get("baseline_flops", 0))
         if not self.dist.enabled:
             # clipped once, on the gradient of the whole batch (not per micro-batch: DESIGN.md §5)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
-            self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws)
-            self.flops += int(metrics.get("baseline_flops", 0))  # a host number: no sync
+            self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws) + second_draws
         else:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
@@ -395,7 +395,7 @@ class Trainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0, self.model.draws)
             self._pending[0] += tokens  # this rank's; summed over ranks by `_settle_flops`
-            self._pending[1] += int(metrics.get("baseline_flops", 0))
+            self._pending[1] += second_draws
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~ok).float()  # the fused AdamW kernel skips the whole update when 1
         self.optimizer.step()
