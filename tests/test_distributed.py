@@ -71,10 +71,15 @@ def config(parallel: str, steps: int, **train):
     return cfg
 
 
+def torchrun_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment torchrun gives process `rank` of `world`, with the rendezvous on this machine's `port`."""
+    return dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                LOCAL_RANK=str(rank))
+
+
 def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps: int, resume: bool,
             train: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(torchrun_env(rank, world, port))
     cfg = config(parallel, steps, **train)
     try:
         trainer = Trainer(cfg, run_dir, resume=resume, progress=False, data=rank_data(cfg, rank, world))
@@ -198,7 +203,7 @@ def test_fsdp_gradient_norm_and_clip_match_torchs_clip_grad_norm(max_norm):
 def test_parallel_without_torchrun_trains_alone_and_says_so(monkeypatch):
     from learntok.train.distributed import init_distributed
 
-    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+    for key in torchrun_env(0, 1, 0):
         monkeypatch.delenv(key, raising=False)
     with pytest.warns(UserWarning, match="train.parallel=fsdp in a process torchrun did not start"):
         info, device = init_distributed("cpu", "fsdp")
@@ -218,8 +223,7 @@ def test_one_torchrun_process_joins_a_group_of_one(single, tmp_path, parallel):
 def torchrun_environment(monkeypatch):
     """Inside: the environment torchrun gives one process, so that a Trainer with ddp or fsdp starts a group
     of one rank (gloo); on leaving, the group ends."""
-    for key, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
-                           WORLD_SIZE="1").items():
+    for key, value in torchrun_env(0, 1, free_port()).items():
         monkeypatch.setenv(key, value)
     try:
         yield
