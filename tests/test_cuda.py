@@ -1,14 +1,17 @@
 """The model on a CUDA device: the attention kernels against the dense reference, bf16 against fp32,
-a training step of every strategy and estimator setting, scoring against the CPU's, compiled stacks without
-recompiles, and causality with the Triton scan drawing the boundaries. Every test skips without a CUDA
-device; `benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
+a training step of every strategy and estimator setting, scoring, segmenting and transformers' model
+against the CPU's, cached generation of every strategy against a full forward pass per byte, compiled
+stacks without recompiles, and causality with the Triton scan drawing the boundaries. Every test skips
+without a CUDA device; `benchmarks/gpu_check.py --stage tests` runs them on a GPU."""
 
 import pytest
 import torch
 
 from conftest import random_inputs, spread_strategy_weights, tiny_config
+import learntok
 from learntok.boundaries import STRATEGIES
 from learntok.data.batch import Batch
+from learntok.display import quantile_threshold, segment
 from learntok.generation import score_texts
 from learntok.model.layers import causal_attention, flex_attention, sliding_window_attention
 from learntok.unet import ByteUNet
@@ -16,6 +19,8 @@ from learntok.train.accumulate import accumulate_gradients
 from test_attention import (compiled_block_masks_against_create_block_mask, compiled_flex_stack_against_eager,
                             dense_reference, qkv)
 from test_causality import supplied_for
+from test_generation import (GENERATING, check_cached_generation_against_full_recomputation, generating_model,
+                             make_model, small_cache_blocks)  # noqa: F401  (a fixture)
 from test_train import check_compiled_stacks_do_not_recompile
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -111,6 +116,57 @@ def test_scoring_on_cuda_gives_the_cpus_bits_per_byte(name):
     on_cpu = [s.bpb_samples for s in score_texts(model, texts, samples=2)]
     on_cuda = [s.bpb_samples for s in score_texts(model.cuda(), texts, samples=2)]
     assert on_cuda == [pytest.approx(b, rel=1e-4) for b in on_cpu]
+
+
+@pytest.mark.parametrize("name,extra", GENERATING)
+def test_cached_generation_on_cuda_equals_full_recomputation(name, extra, small_cache_blocks):
+    """`learntok generate` on CUDA for every strategy that generates (each keeps its own state in the cache):
+    the bytes, boundaries and logits of a full forward pass per byte, as on the CPU; 100 bytes, since each
+    is a round of small kernels."""
+    check_cached_generation_against_full_recomputation(generating_model(name, extra).cuda(), name, 100, 1e-3)
+
+
+def test_segmenting_on_cuda_gives_the_cpus_tokens():
+    """`learntok segment --device cuda --boundaries quantile`: the threshold calibrated on the device, and at
+    the CPU's threshold the boundaries and probabilities the CPU gives, for a text longer than the context
+    (read in pieces)."""
+    model = make_model("learned")
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    tau = quantile_threshold(model, text, 64)
+    on_cpu = segment(model, text, context=64, boundaries="quantile", tau=tau)
+    model.cuda()
+    assert quantile_threshold(model, text, 64) == pytest.approx(tau, abs=1e-3)
+    on_cuda = segment(model, text, context=64, boundaries="quantile", tau=tau)
+    assert on_cuda.boundaries == on_cpu.boundaries and 0 < sum(on_cpu.boundaries) < len(on_cpu.boundaries)
+    assert on_cuda.probs == [pytest.approx(p, abs=1e-4) for p in on_cpu.probs]
+
+
+@pytest.mark.parametrize("name", ["learned", "whitespace", "uniform"])
+def test_transformers_model_on_cuda_scores_and_generates_as_learntok(name, tmp_path):
+    """A saved model through transformers' Auto classes, moved to CUDA: the logits of left-padded rows the
+    CPU gives, and greedy `generate` (transformers' loop, learntok's caches) the bytes `learntok.generate`
+    draws on the device."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import learntok.hf  # noqa: F401  (registers the classes)
+    from test_hf import TEXTS, tiny_unet
+
+    unet = tiny_unet(name)
+    learntok.save_pretrained(unet, tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        on_cpu = model(**batch).logits
+        model.cuda()
+        batch = batch.to("cuda")
+        on_cuda = model(**batch).logits
+    assert on_cuda.device.type == "cuda" and (on_cuda.cpu() - on_cpu).abs().max() < 1e-3
+    out = model.generate(**batch, max_new_tokens=30, do_sample=False)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    unet.cuda()
+    assert texts == [learntok.generate(unet, prompt, max_bytes=30, temperature=0).text for prompt in TEXTS]
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
