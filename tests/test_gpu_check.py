@@ -3,8 +3,10 @@ first real run on a GPU cannot die on a typo, a missing import or a report that 
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +136,27 @@ def test_seeds_run_each_strategy_and_the_report_gives_their_mean(tmp_path):
     mean, se = sum(diffs) / 2, abs(diffs[0] - diffs[1]) / 2  # two seeds: the SE of the mean is half their gap
     assert (f"**learned minus uniform over 2 seeds**: {mean:+.4f} ± {se:.4f} (standard error over seeds; "
             f"t = {mean / se:.2f}); per seed 3: {diffs[0]:+.4f}, 4: {diffs[1]:+.4f}") in report
+
+
+def test_a_learning_run_stopped_by_sigterm_stays_partial_and_no_later_run_starts(tmp_path):
+    """A command's time limit sends SIGTERM during a learning run: the trainer finishes its step and saves, the
+    run's part keeps its probes and is marked partial, and the runs after it do not start."""
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--stage", "learn", "--strategy", "uniform",
+                             "--strategy", "learned", "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**env, "OMP_NUM_THREADS": "1"})
+    part = tmp_path / "part_learn_uniform.json"
+    deadline = time.monotonic() + 300
+    while not part.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # the first probe, written inside the run (which lasts several probes longer)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "uniform stopped by signal 15" in out and "=== stage learn_learned" not in out
+    assert not (tmp_path / "part_learn_learned.json").exists()
+    uniform = json.loads(part.read_text())
+    assert uniform["meta"]["partial"] and uniform["result"]["probes"] and "val_bpb" not in uniform["result"]
+    assert "PARTIAL" in (tmp_path / "report.md").read_text()
 
 
 def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_path):
