@@ -2,9 +2,11 @@
 
 import json
 import os
+import signal
 
 from learntok.cli import main
 from learntok.data.demo import build_demo_corpus, showcase_paragraph
+from learntok.train.trainer import Trainer
 
 
 def test_demo_corpus_is_prose_and_split_is_stable():
@@ -46,3 +48,23 @@ def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys, monk
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", "--max-minutes", "0", *TINY]) == 0
     assert "shorter run (the machine is busy: load average 4.0 on 2 cores;" in capsys.readouterr().out
+
+
+def test_ctrl_c_stops_the_demo_after_its_checkpoint(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the demo trains: the trainer finishes the step and saves, and the demo ends there (exit
+    130) instead of evaluating the cut model as if its time limit had cut it."""
+    step = Trainer.train_step
+
+    def interrupted_after_two(self, batch):
+        metrics = step(self, batch)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return metrics
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_after_two)
+    run_dir = tmp_path / "demo"
+    assert main(["demo", "--run-dir", str(run_dir), "--no-progress", *TINY]) == 128 + signal.SIGINT
+    out = capsys.readouterr().out
+    assert "stopped by signal 2 at step 2" in out
+    assert "held-out bits-per-byte" not in out and "stopped at the" not in out
+    assert list(run_dir.glob("step_*/model.safetensors"))

@@ -1,5 +1,6 @@
 """`learntok demo`: train a small model with the learned boundary policy on text that ships with Python,
-then show what it learned. No download, no data of the user's."""
+then show what it learned. No download, no data of the user's. Ctrl-C (or SIGTERM) while it trains saves a
+checkpoint and ends the demo with exit status 128 + the signal's number, as `learntok train` does."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters, {trainer.total_steps} steps of "
           f"{t.batch_size} x {t.seq_len} bytes, run directory {args.run_dir}\n")
     trainer.train(max_seconds=args.max_minutes * 60)
+    if trainer.stopped_by is not None:  # Ctrl-C or SIGTERM: the trainer saved a checkpoint and said where
+        return 128 + trainer.stopped_by
     train_seconds = time.perf_counter() - t0
     if trainer.step < trainer.total_steps:  # a busy machine: the model saw less than the schedule's bytes
         print(f"training stopped at the {args.max_minutes:g}-minute limit after {trainer.step} of "
