@@ -300,7 +300,10 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
             out[name] = {"skipped": f"not started: the stage's {args.stage_seconds:.0f} s were spent"}
             continue
         say(f"\n== figure: {name}")
+        began = time.perf_counter()
         out[name] = guarded(fn, args, sizes, device, work)
+        out[name]["figure_seconds"] = round(time.perf_counter() - began, 1)  # compilation included: for planning runs
+        say(f"== figure {name}: {out[name]['figure_seconds']} s")
         save(out)
     return out
 
@@ -1089,6 +1092,9 @@ def render_figures(fig: dict) -> list[str]:
         out += [f"**train.parallel=fsdp, one process** ({how}), `{fsdp['command']}`: "
                 f"exit {fsdp['returncode']} in {fsdp['seconds']} s; {steps}; "
                 f"checkpoints {', '.join(fsdp.get('checkpoints', [])) or 'none'}", ""]
+    took = [f"{name} {item['figure_seconds']:.0f}" for name, item in fig.items() if "figure_seconds" in item]
+    if took:
+        out += ["Seconds per figure, compilation included: " + ", ".join(took) + ".", ""]
     for name, item in fig.items():
         if "skipped" in item:
             out += [f"**{name}**: {item['skipped']}", ""]

@@ -64,6 +64,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert compiled["compiled_bytes_s"] > 0 and compiled["compiled_batched_bytes_s"] > 0
     assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
     assert figures["fsdp"]["sharded"]  # a group of one rank: FSDP2 on, not a plain one-process run
+    assert all(figure["figure_seconds"] > 0 for figure in figures.values())  # each figure's time, to plan runs by
     uniform, learned = parts["learn_uniform"]["result"], parts["learn_learned"]["result"]
     # the learned run stops at the first step that reaches the uniform run's FLOPs
     step = learned["flops"] / learned["steps"]
@@ -79,6 +80,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     # only the learned run sets the logit scale, and its row in the report says so
     assert "boundaries.learned.scale=1" in learned["overrides"] and "boundaries.learned.scale=1" not in uniform["overrides"]
     report = (tmp_path / "report.md").read_text()
+    assert "Seconds per figure, compilation included: scan " in report
     assert "| learned (boundaries.learned.scale=1) |" in report
     # each run's difference from the first, ± its standard error over the held-out sequences both scored
     assert "| minus uniform's |" in report and len(learned["sequence_bits"]) == learned["heldout_sequences"]
