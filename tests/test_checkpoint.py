@@ -3,6 +3,7 @@ and incompatible checkpoints."""
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 
@@ -138,6 +139,18 @@ def test_corrupt_or_missing_state_gives_a_clear_error(run):
     (ckpt / "state.json").unlink()
     with pytest.raises(CheckpointError, match=r"missing state.json"):
         ckpt_io.read_state(ckpt)
+
+
+def test_resuming_on_another_kind_of_device_says_so(run):
+    """The boundary sampler's generator lives on the training device, and a CUDA generator's state (16 bytes:
+    Philox seed and offset) does not fit a CPU one (5056): resuming a GPU run on a CPU is a clear error."""
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    state = json.loads((ckpt / "state.json").read_text())
+    state["sample_rng"] = base64.b64encode(bytes(16)).decode()  # the size of a CUDA generator's state
+    (ckpt / "state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"step_000004: the boundary sampler's random state of 16 bytes does "
+                                              r"not fit a generator on cpu \(5056 bytes\).*resume it on that kind"):
+        tiny_trainer(run.run_dir, resume=True)
 
 
 def test_checkpoint_written_before_checksums_still_loads(run):

@@ -69,8 +69,14 @@ def rng_to_json(generator: torch.Generator) -> str:
     return base64.b64encode(generator.get_state().numpy().tobytes()).decode()
 
 
-def rng_from_json(generator: torch.Generator, text: str) -> None:
-    generator.set_state(torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8))
+def rng_from_json(generator: torch.Generator, text: str, what: str = "random state") -> None:
+    state = torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+    expected = generator.get_state().numel()
+    if state.numel() != expected:  # a CPU generator's state is 5056 bytes (Mersenne twister), a CUDA one's 16
+        raise CheckpointError(f"{what} of {state.numel()} bytes does not fit a generator on {generator.device.type} "
+                              f"({expected} bytes): the run drew it on another kind of device; resume it on that kind "
+                              "(train.device) to continue exactly")
+    generator.set_state(state)
 
 
 def _sha256(path: Path) -> str:

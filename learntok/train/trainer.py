@@ -302,7 +302,7 @@ class Trainer:
         self._window = {"n": window["n"], "sums": {
             k: torch.tensor(v if keep or k in RANK_INVARIANT else 0.0, dtype=torch.float32, device=self.device)
             for k, v in window["sums"].items()}}
-        ckpt_io.rng_from_json(self.sample_rng, state["sample_rng"])
+        ckpt_io.rng_from_json(self.sample_rng, state["sample_rng"], f"{ckpt}: the boundary sampler's random state")
         ckpt_io.rng_from_json(torch.default_generator, state["torch_rng"])
         self._saved_step = self.step
         self.resumed_from = ckpt
