@@ -164,7 +164,7 @@ def test_transformers_model_on_cuda_scores_and_generates_as_learntok(name, tmp_p
         on_cuda = model(**batch).logits
     assert on_cuda.device.type == "cuda" and (on_cuda.cpu() - on_cpu).abs().max() < 1e-3
     out = model.generate(**batch, max_new_tokens=30, do_sample=False)
-    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:].cpu(), skip_special_tokens=True)
     unet.cuda()
     assert texts == [learntok.generate(unet, prompt, max_bytes=30, temperature=0).text for prompt in TEXTS]
 
