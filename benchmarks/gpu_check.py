@@ -289,8 +289,10 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
 # --- stage: figures ------------------------------------------------------------------------------
 
 def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) -> dict:
-    """Each figure is saved into the report as soon as it is measured (a command stopped at its time limit
-    keeps what it measured); a figure that would start after `--stage-seconds` is skipped and says so."""
+    """Each figure is saved into the report as soon as it is measured, and a figure of several parts after
+    each (a command stopped at its time limit keeps what it measured); a figure that would start after
+    `--stage-seconds` is skipped and says so. Every figure is called as fn(args, sizes, device, work, keep):
+    `keep(results so far)` saves a part-finished figure, marked `unfinished`."""
     out, start = {}, time.perf_counter()
     # compiled generation last: compiling its step took minutes on an H100's host
     for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("fsdp", figure_fsdp),
@@ -301,14 +303,18 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
             continue
         say(f"\n== figure: {name}")
         began = time.perf_counter()
-        out[name] = guarded(fn, args, sizes, device, work)
+
+        def keep(partial: dict, name=name, began=began) -> None:
+            out[name] = {**partial, "unfinished": True, "figure_seconds": round(time.perf_counter() - began, 1)}
+            save(out)
+        out[name] = guarded(fn, args, sizes, device, work, keep)
         out[name]["figure_seconds"] = round(time.perf_counter() - began, 1)  # compilation included: for planning runs
         say(f"== figure {name}: {out[name]['figure_seconds']} s")
         save(out)
     return out
 
 
-def figure_scan(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+def figure_scan(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     from scan import scan_inputs, timed  # benchmarks/scan.py
 
     from learntok.kernels.scan import scan_boundaries, scan_triton
@@ -329,7 +335,7 @@ def figure_scan(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     return result
 
 
-def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     """Compiled stacks throughout, steps interleaved: learned and uniform side by side, the byte level's two
     attention kernels (FlexAttention, blocks of PyTorch SDPA), and a larger micro-batch (does a bigger
     batch per kernel launch raise MFU?). Where a target is missed: a kernel profile of learned and uniform,
@@ -385,6 +391,8 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["fast_attention_error"] = fast_error
     say(f"learned / uniform step time: {ratio:.3f}; flex / blocked SDPA bytes/s: "
         f"{fmt(result['flex_over_sdpa_bytes_s'], '.2f')}")
+    if keep:
+        keep(result)  # the profile and the larger micro-batch take minutes more
     missed = device.type == "cuda" and (ratio > TARGETS["learned_over_uniform"] or (rows[0]["mfu"] or 0) < TARGETS["mfu"])
     if missed or args.dry_run:  # where the time goes (the dry run builds the tables too, to test these lines)
         learned, uniform = (profile_steps(r, row["step_s"], device) for r, row in zip(runs[:2], rows[:2]))
@@ -399,6 +407,8 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
         result["runtime_call_difference"] = runtime_call_difference(learned["runtime_calls"], uniform["runtime_calls"])
         say(result["profile"])
         say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
+        if keep:
+            keep(result)
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
     del runs
     free_memory(device)
@@ -410,7 +420,7 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path) -> d
     return result
 
 
-def figure_attention(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+def figure_attention(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     """One attention layer of each level alone, at the throughput figure's shapes: forward and forward +
     backward milliseconds of the training kernel with the model's softcap, of PyTorch SDPA's fused causal
     kernel (no softcap, the whole length: on the byte level more work than the window needs) as the mark of a
@@ -720,7 +730,7 @@ def batch_prompts(sizes: Sizes) -> list[str]:
     return [f"The{chr(33 + i % 90)}" for i in range(sizes.gen_batch)]
 
 
-def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+def figure_generation(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     """Cached generation (prefill, then one step per byte) against a full forward pass per byte over the
     prefix (exact for `learned`, whose boundaries look only backwards), and cached generation of
     `gen_batch` prompts of one length as one batch (aggregate bytes/s); random weights, fp32."""
@@ -741,7 +751,7 @@ def figure_generation(args, sizes: Sizes, device: torch.device, work: Path) -> d
     return result
 
 
-def figure_compiled_generation(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+def figure_compiled_generation(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     """The cached step compiled (`learntok generate --compile`), at batch 1 and `gen_batch` prompts: a figure of
     its own, after the plain one, because compiling it takes minutes on a GPU host."""
     model = generation_model(sizes, device)
@@ -758,7 +768,7 @@ def figure_compiled_generation(args, sizes: Sizes, device: torch.device, work: P
     return result
 
 
-def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
+def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     """Two optimizer steps of `learntok train train.parallel=fsdp` under a one-process torchrun, on the demo
     corpus, ending with a checkpoint. The process joins a group of one rank (NCCL), so FSDP2 shards the model
     into one piece and runs its all-gathers, reduce-scatters and full-state checkpoint on the GPU; splitting
@@ -1098,6 +1108,8 @@ def render_figures(fig: dict) -> list[str]:
     for name, item in fig.items():
         if "skipped" in item:
             out += [f"**{name}**: {item['skipped']}", ""]
+        if item.get("unfinished"):
+            out += [f"**{name}**: unfinished, the command ended during it; above is what it had measured", ""]
         if "error" in item:  # its first line says what failed (a traceback's end would cut it off)
             what, _, details = item["error"].partition("\n")
             out += [f"**{name} failed:** {what}", ""] + (["```", details[-1500:], "```", ""] if details else [])

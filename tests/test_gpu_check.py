@@ -266,10 +266,15 @@ def test_a_fast_attention_kernel_that_fails_leaves_the_figures_of_blocked_attent
     from gpu_check import Sizes, figure_throughput, render_figures
     sizes = Sizes.dry()
     sizes.attention = "no_such_kernel"
+    kept = []  # what a command stopped during the figure keeps: the rows side by side, then the profile too
     result = figure_throughput(argparse.Namespace(peak_tflops=None, dry_run=True), sizes, torch.device("cpu"),
-                               tmp_path)
+                               tmp_path, keep=lambda partial: kept.append(json.loads(json.dumps(partial, default=str))))
     assert [r["run"] for r in result["rows"]] == ["learned, blocked SDPA", "uniform, blocked SDPA",
                                                   "learned, blocked, 4 rows"]
+    assert [len(k["rows"]) for k in kept] == [2, 2] and "profile" not in kept[0] and "profile" in kept[1]
+    assert kept[0]["learned_over_uniform"] == result["learned_over_uniform"]
+    text = "\n".join(render_figures({"throughput": {**kept[0], "unfinished": True}}))
+    assert "learned / uniform step time: " in text and "**throughput**: unfinished, the command ended during it" in text
     assert result["learned_over_uniform"] > 0 and result["flex_over_sdpa_bytes_s"] is None
     assert result["fast_attention_error"].startswith("learntok.config.ConfigError: model.attention='no_such_kernel'")
     text = "\n".join(render_figures({"throughput": result}))
