@@ -257,14 +257,25 @@ def install_learntok(dry_run: bool) -> str:
 
 def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     """The tests that need a CUDA device (they skip on a CPU): Triton scan bit for bit, FlexAttention and
-    SDPA against the dense reference, bf16 against fp32, compiled stacks without recompiles, causality."""
+    SDPA against the dense reference, bf16 against fp32, a training step of every strategy, scoring, segmenting,
+    generation and the transformers model against the CPU or a full forward pass, compiled stacks without
+    recompiles, causality. Stopped after `--tests-seconds`, so that a test that hangs leaves the command's
+    later stages their time."""
     xml = work / "cuda_tests.xml"
     # no:logging: the captured DEBUG records of torch's tracing would fill the output tail
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda",
            f"--junitxml={xml}", *CUDA_TESTS]
     say("running:", " ".join(cmd[1:]))
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.tests_seconds)
+    except subprocess.TimeoutExpired as stopped:
+        output = "".join(o.decode() if isinstance(o, bytes) else o for o in (stopped.stdout, stopped.stderr) if o)
+        say(output[-3000:])
+        return {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "seconds": round(time.perf_counter() - start, 1),
+                "output_tail": output[-3000:],
+                "error": f"the CUDA tests were stopped at --tests-seconds {args.tests_seconds:g}; the output tail shows "
+                         "how far they got"}
     output = proc.stdout + proc.stderr
     say(output[-3000:])
     suite = ET.parse(xml).getroot()
@@ -980,7 +991,10 @@ def render(parts: dict) -> str:
     if env:
         lines += ["## Environment", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     tests = parts.get("tests", {}).get("result")
-    if tests:
+    if tests and "passed" not in tests:  # stopped at --tests-seconds, or failed to start
+        lines += ["## CUDA tests", "", f"`{tests.get('command', '')}`: {tests.get('error', '')} "
+                  f"({tests.get('seconds', '?')} s)", "", "```", tests.get("output_tail", ""), "```", ""]
+    elif tests:
         lines += ["## CUDA tests", "", f"`{tests.get('command', '')}`: {tests.get('passed', 0)} passed, "
                   f"{tests.get('failures', 0) + tests.get('errors', 0)} failed, {tests.get('skipped', 0)} skipped "
                   f"in {tests.get('seconds', '?')} s", ""]
@@ -1265,6 +1279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learn-seconds", type=float,
                    help="learn stage: seconds of uniform training (after compilation) that set the budget (default 240)")
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: from the GPU's name)")
+    p.add_argument("--tests-seconds", type=float, default=360.0,
+                   help="tests stage: stop the CUDA tests after this many seconds (default 360), so that a test that "
+                        "hangs leaves the stages after it their time")
     p.add_argument("--stage-seconds", type=float, default=480.0,
                    help="figures stage: start no figure after this many seconds (default 480: a 10-minute command)")
     p.add_argument("--dry-run", action="store_true", help="every stage on a CPU with tiny sizes")

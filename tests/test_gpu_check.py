@@ -168,6 +168,16 @@ def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_p
     assert "`learn_learned`: see the traceback" in (tmp_path / "report.md").read_text()
 
 
+def test_cuda_tests_past_their_time_are_stopped_and_said_so(tmp_path):
+    """A CUDA test that hangs must not take the time of the stages after it: pytest is stopped at
+    --tests-seconds, the stage returns, and the report says so with the output so far."""
+    proc = gpu_check("--stage", "tests", "--tests-seconds", "0.5", "--out", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    tests = json.loads((tmp_path / "report.json").read_text())["tests"]["result"]
+    assert tests["error"].startswith("the CUDA tests were stopped at --tests-seconds 0.5") and tests["seconds"] < 30
+    assert "the CUDA tests were stopped at --tests-seconds 0.5" in (tmp_path / "report.md").read_text()
+
+
 def test_figures_past_the_stage_time_are_skipped_and_said_so(tmp_path):
     proc = gpu_check("--stage", "figures", "--stage-seconds", "0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:]
