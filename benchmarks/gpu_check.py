@@ -272,10 +272,10 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     except subprocess.TimeoutExpired as stopped:
         output = "".join(o.decode() if isinstance(o, bytes) else o for o in (stopped.stdout, stopped.stderr) if o)
         say(output[-3000:])
-        return {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "seconds": round(time.perf_counter() - start, 1),
-                "output_tail": output[-3000:],
-                "error": f"the CUDA tests were stopped at --tests-seconds {args.tests_seconds:g}; the output tail shows "
-                         "how far they got"}
+        return {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS),
+                "seconds": round(time.perf_counter() - start, 1), "output_tail": output[-3000:],
+                "error": f"the CUDA tests were stopped at --tests-seconds {args.tests_seconds:g}; the output tail "
+                         "shows how far they got"}
     output = proc.stdout + proc.stderr
     say(output[-3000:])
     suite = ET.parse(xml).getroot()
