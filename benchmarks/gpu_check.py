@@ -288,10 +288,14 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
             first_line = (problem.get("message") or "").split("\n")[0]
             failures[f"{case.get('classname')}::{case.get('name')}"] = first_line[:400]
     failed = list(failures)
+    # the slowest tests (compilation, mostly): what to weigh when a short run's --tests-seconds is set
+    times = sorted(((float(case.get("time", 0)), f"{case.get('classname')}::{case.get('name')}")
+                    for case in suite.iter("testcase")), reverse=True)
     result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": proc.returncode,
               "seconds": round(time.perf_counter() - start, 1), **counts,
               "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-              "failed": failed, "failure_messages": failures, "output_tail": output[-3000:]}
+              "failed": failed, "failure_messages": failures, "output_tail": output[-3000:],
+              "slowest": [(name, round(seconds, 1)) for seconds, name in times[:8]]}
     if proc.returncode not in (0, 5) or failed:  # 5: nothing collected
         result["error"] = f"{len(failed)} CUDA test(s) failed: {', '.join(failed) or output[-500:]}"
     return result
@@ -998,6 +1002,8 @@ def render(parts: dict) -> str:
         lines += ["## CUDA tests", "", f"`{tests.get('command', '')}`: {tests.get('passed', 0)} passed, "
                   f"{tests.get('failures', 0) + tests.get('errors', 0)} failed, {tests.get('skipped', 0)} skipped "
                   f"in {tests.get('seconds', '?')} s", ""]
+        if tests.get("slowest"):
+            lines += ["Slowest: " + ", ".join(f"`{name}` {seconds:g} s" for name, seconds in tests["slowest"]), ""]
         if tests.get("failed") or tests.get("error"):
             messages = tests.get("failure_messages", {})
             lines += ["Failed:", ""] + [f"- `{name}`: {messages.get(name, '')}" for name in tests.get("failed", [])]

@@ -36,6 +36,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
         assert bounds["torch"]["admits"] is True and bounds["transformers"]["bound"] == ">=5.0"
         assert all(b["admits"] in (True, None) for b in bounds.values()), bounds  # this machine installed from them
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
+    assert len(tests["slowest"]) == 8 and all(name.startswith("tests.test_") and "::test_" in name for name, _ in tests["slowest"])
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
     throughput = figures["throughput"]
     assert [(r["run"], r["micro_batch"]) for r in throughput["rows"]] == [
@@ -81,6 +82,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert "boundaries.learned.scale=1" in learned["overrides"] and "boundaries.learned.scale=1" not in uniform["overrides"]
     report = (tmp_path / "report.md").read_text()
     assert "Seconds per figure, compilation included: scan " in report
+    assert "Slowest: `tests." in report
     assert "| learned (boundaries.learned.scale=1) |" in report
     # each run's difference from the first, ± its standard error over the held-out sequences both scored
     assert "| minus uniform's |" in report and len(learned["sequence_bits"]) == learned["heldout_sequences"]
