@@ -266,14 +266,14 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda",
            f"--junitxml={xml}", *CUDA_TESTS]
     say("running:", " ".join(cmd[1:]))
+    command = "python -m pytest -k cuda " + " ".join(CUDA_TESTS)
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.tests_seconds)
     except subprocess.TimeoutExpired as stopped:
         output = "".join(o.decode() if isinstance(o, bytes) else o for o in (stopped.stdout, stopped.stderr) if o)
         say(output[-3000:])
-        return {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS),
-                "seconds": round(time.perf_counter() - start, 1), "output_tail": output[-3000:],
+        return {"command": command, "seconds": round(time.perf_counter() - start, 1), "output_tail": output[-3000:],
                 "error": f"the CUDA tests were stopped at --tests-seconds {args.tests_seconds:g}; the output tail "
                          "shows how far they got"}
     output = proc.stdout + proc.stderr
@@ -282,20 +282,19 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     failures = {}  # test -> the first line of what it raised (the tail shows only the last failure)
+    times = []  # (seconds, test): the slowest (compilation, mostly) are what to weigh in setting --tests-seconds
     for case in suite.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        times.append((float(case.get("time", 0)), name))
         problem = case.find("failure") if case.find("failure") is not None else case.find("error")
         if problem is not None:
-            first_line = (problem.get("message") or "").split("\n")[0]
-            failures[f"{case.get('classname')}::{case.get('name')}"] = first_line[:400]
+            failures[name] = (problem.get("message") or "").split("\n")[0][:400]
     failed = list(failures)
-    # the slowest tests (compilation, mostly): what to weigh when a short run's --tests-seconds is set
-    times = sorted(((float(case.get("time", 0)), f"{case.get('classname')}::{case.get('name')}")
-                    for case in suite.iter("testcase")), reverse=True)
-    result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": proc.returncode,
+    result = {"command": command, "returncode": proc.returncode,
               "seconds": round(time.perf_counter() - start, 1), **counts,
               "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
               "failed": failed, "failure_messages": failures, "output_tail": output[-3000:],
-              "slowest": [(name, round(seconds, 1)) for seconds, name in times[:8]]}
+              "slowest": [(name, round(seconds, 1)) for seconds, name in sorted(times, reverse=True)[:8]]}
     if proc.returncode not in (0, 5) or failed:  # 5: nothing collected
         result["error"] = f"{len(failed)} CUDA test(s) failed: {', '.join(failed) or output[-500:]}"
     return result

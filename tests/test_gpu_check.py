@@ -13,10 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
+def dry_run(*args) -> dict:
+    """How to start the script's dry run with `args`, for subprocess.run or Popen (the report goes to --out)."""
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    return dict(args=[sys.executable, str(SCRIPT), "--dry-run", *args], cwd=ROOT, text=True,
+                env={**env, "OMP_NUM_THREADS": "1"})
+
+
 def gpu_check(*args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "OUT"}  # the report goes to --out
-    return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**env, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(**dry_run(*args), capture_output=True)
 
 
 def test_dry_run_writes_every_part_of_the_report(tmp_path):
@@ -145,10 +150,8 @@ def test_seeds_run_each_strategy_and_the_report_gives_their_mean(tmp_path):
 def test_a_learning_run_stopped_by_sigterm_stays_partial_and_no_later_run_starts(tmp_path):
     """A command's time limit sends SIGTERM during a learning run: the trainer finishes its step and saves, the
     run's part keeps its probes and is marked partial, and the runs after it do not start."""
-    env = {k: v for k, v in os.environ.items() if k != "OUT"}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--stage", "learn", "--strategy", "uniform",
-                             "--strategy", "learned", "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**env, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(**dry_run("--stage", "learn", "--strategy", "uniform", "--strategy", "learned",
+                                      "--out", str(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     part = tmp_path / "part_learn_uniform.json"
     deadline = time.monotonic() + 300
     while not part.exists() and proc.poll() is None and time.monotonic() < deadline:
