@@ -46,6 +46,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,7 +64,9 @@ import torch  # noqa: E402
 
 TARGETS = {"scan_ms": 1.0, "learned_over_uniform": 1.02, "mfu": 0.40}
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, SXM parts
-CUDA_TESTS = ["tests/test_cuda.py", "tests/test_scan.py", "tests/test_attention.py"]
+# in the order a command stopped at its time limit most needs their results: the scan, then FlexAttention (the
+# tests of test_cuda.py come in that order too), then the rest
+CUDA_TESTS = ["tests/test_scan.py", "tests/test_attention.py", "tests/test_cuda.py"]
 # sympy: Inductor's reasoning about symbolic sizes (what a CantSplit error comes from) is sympy's
 PACKAGES = ["triton", "numba", "safetensors", "tokenizers", "yaml", "tqdm", "matplotlib", "numpy", "sympy"]
 
@@ -260,44 +263,74 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     SDPA against the dense reference, bf16 against fp32, a training step of every strategy, scoring, segmenting,
     generation and the transformers model against the CPU or a full forward pass, compiled stacks without
     recompiles, causality. Stopped after `--tests-seconds`, so that a test that hangs leaves the command's
-    later stages their time."""
+    later stages their time; the results of the tests that ran by then are kept."""
     xml = work / "cuda_tests.xml"
-    # no:logging: the captured DEBUG records of torch's tracing would fill the output tail
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda",
+    # -v: each test's name as it starts (which one a stop cut short); no:logging: the captured DEBUG records of
+    # torch's tracing would fill the output tail
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda",
            f"--junitxml={xml}", *CUDA_TESTS]
     say("running:", " ".join(cmd[1:]))
-    command = "python -m pytest -k cuda " + " ".join(CUDA_TESTS)
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.tests_seconds)
-    except subprocess.TimeoutExpired as stopped:
-        output = "".join(o.decode() if isinstance(o, bytes) else o for o in (stopped.stdout, stopped.stderr) if o)
-        say(output[-3000:])
-        return {"command": command, "seconds": round(time.perf_counter() - start, 1), "output_tail": output[-3000:],
-                "error": f"the CUDA tests were stopped at --tests-seconds {args.tests_seconds:g}; the output tail "
-                         "shows how far they got"}
-    output = proc.stdout + proc.stderr
+    returncode, output, stopped = run_until(cmd, args.tests_seconds)
     say(output[-3000:])
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    failures = {}  # test -> the first line of what it raised (the tail shows only the last failure)
-    times = []  # (seconds, test): the slowest (compilation, mostly) are what to weigh in setting --tests-seconds
-    for case in suite.iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
-        times.append((float(case.get("time", 0)), name))
-        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if problem is not None:
-            failures[name] = (problem.get("message") or "").split("\n")[0][:400]
+    result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": returncode,
+              "seconds": round(time.perf_counter() - start, 1), "output_tail": output[-3000:]}
+    cases = junit_cases(xml)  # none if pytest was stopped before it wrote them
+    failures = {name: message for name, _, outcome, message in cases if outcome == "failed"}
     failed = list(failures)
-    result = {"command": command, "returncode": proc.returncode,
-              "seconds": round(time.perf_counter() - start, 1), **counts,
-              "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
-              "failed": failed, "failure_messages": failures, "output_tail": output[-3000:],
-              "slowest": [(name, round(seconds, 1)) for seconds, name in sorted(times, reverse=True)[:8]]}
-    if proc.returncode not in (0, 5) or failed:  # 5: nothing collected
+    skipped = sum(outcome == "skipped" for _, _, outcome, _ in cases)
+    result |= {"tests": len(cases), "passed": len(cases) - len(failed) - skipped, "failures": len(failed),
+               "skipped": skipped, "failed": failed, "failure_messages": failures,
+               # the slowest (compilation, mostly) are what to weigh in setting --tests-seconds
+               "slowest": [(name, round(seconds, 1)) for name, seconds, _, _ in sorted(cases, key=lambda c: -c[1])[:8]]}
+    if stopped:
+        result["stopped"] = True
+        selected = re.search(r"(\d+) selected", output) or re.search(r"collected (\d+) items?", output)
+        # a test with no outcome yet (a parametrized id may hold spaces)
+        running = [line for line in re.findall(r"^(\S+\.py::.+?)\s*$", output, re.M)
+                   if not re.search(r" (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", line)]
+        ran = (f"after {len(cases)} of {selected.group(1) if selected else 'the selected'} tests ({result['passed']} "
+               f"passed, {len(failed)} failed)")
+        cut = (f"{running[-1]} was running and the tests after it did not run" if running
+               else "the output tail shows how far they got")
+        result["error"] = f"the CUDA tests were stopped at --tests-seconds {args.tests_seconds:g} {ran}; {cut}"
+    elif returncode not in (0, 5) or failed:  # 5: nothing collected
         result["error"] = f"{len(failed)} CUDA test(s) failed: {', '.join(failed) or output[-500:]}"
     return result
+
+
+def run_until(cmd: list[str], seconds: float, grace: float = 30.0) -> tuple[int, str, bool]:
+    """Runs `cmd` in the repository; past `seconds` stops it as Ctrl-C would, so that pytest ends the test it is in
+    and writes the report of those that ran, and kills it if it has not ended `grace` seconds later. Returns its
+    exit code, its output (stdout and stderr together) and whether it was stopped."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output = proc.communicate(timeout=seconds)[0]
+        return proc.returncode, output, False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output = proc.communicate(timeout=grace)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        return proc.returncode, output, True
+
+
+def junit_cases(xml: Path) -> list[tuple[str, float, str, str]]:
+    """(test, seconds, passed | failed | skipped, the first line of what a failed test raised) for each test in
+    pytest's junit report, if it was written (a test that a stop cut short is left out)."""
+    if not xml.exists():
+        return []
+    cases = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        if not case.get("name"):
+            continue
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        outcome = "failed" if problem is not None else "skipped" if case.find("skipped") is not None else "passed"
+        message = "" if problem is None else (problem.get("message") or "").split("\n")[0][:400]
+        cases.append((f"{case.get('classname')}::{case.get('name')}", float(case.get("time", 0)), outcome, message))
+    return cases
 
 
 # --- stage: figures ------------------------------------------------------------------------------
@@ -994,19 +1027,19 @@ def render(parts: dict) -> str:
     if env:
         lines += ["## Environment", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     tests = parts.get("tests", {}).get("result")
-    if tests and "passed" not in tests:  # stopped at --tests-seconds, or failed to start
-        lines += ["## CUDA tests", "", f"`{tests.get('command', '')}`: {tests.get('error', '')} "
-                  f"({tests.get('seconds', '?')} s)", "", "```", tests.get("output_tail", ""), "```", ""]
-    elif tests:
+    if tests:
         lines += ["## CUDA tests", "", f"`{tests.get('command', '')}`: {tests.get('passed', 0)} passed, "
                   f"{tests.get('failures', 0) + tests.get('errors', 0)} failed, {tests.get('skipped', 0)} skipped "
                   f"in {tests.get('seconds', '?')} s", ""]
+        if tests.get("stopped"):
+            lines += [f"**{tests['error']}**", ""]
         if tests.get("slowest"):
             lines += ["Slowest: " + ", ".join(f"`{name}` {seconds:g} s" for name, seconds in tests["slowest"]), ""]
-        if tests.get("failed") or tests.get("error"):
+        if tests.get("failed"):
             messages = tests.get("failure_messages", {})
-            lines += ["Failed:", ""] + [f"- `{name}`: {messages.get(name, '')}" for name in tests.get("failed", [])]
-            lines += ["", "```", tests.get("output_tail", ""), "```", ""]
+            lines += ["Failed:", ""] + [f"- `{name}`: {messages.get(name, '')}" for name in tests["failed"]] + [""]
+        if tests.get("error"):
+            lines += ["```", tests.get("output_tail", ""), "```", ""]
     figures = parts.get("figures", {}).get("result")
     if figures:
         lines += ["## Figures", ""] + render_figures(figures)
@@ -1286,7 +1319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-tflops", type=float, help="device peak for MFU (default: from the GPU's name)")
     p.add_argument("--tests-seconds", type=float, default=360.0,
                    help="tests stage: stop the CUDA tests after this many seconds (default 360), so that a test that "
-                        "hangs leaves the stages after it their time")
+                        "hangs leaves the stages after it their time; the results of those that ran are kept")
     p.add_argument("--stage-seconds", type=float, default=480.0,
                    help="figures stage: start no figure after this many seconds (default 480: a 10-minute command)")
     p.add_argument("--dry-run", action="store_true", help="every stage on a CPU with tiny sizes")

@@ -26,6 +26,45 @@ from test_train import check_compiled_stacks_do_not_recompile
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+# FlexAttention and compilation first: a GPU run stopped at its time limit keeps what it most needs
+# (benchmarks/gpu_check.py)
+@pytest.mark.parametrize("window", [64, None])
+def test_flex_attention_compiles_into_a_stack_on_cuda(window):
+    """What `train.compile` does with model.attention=flex: the stack one graph with the attention in it,
+    forward and backward as eager's (head dim 64: Inductor picks the backward's tiles by head dim)."""
+    compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3)
+    compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3,
+                                      dynamic=True)  # as scoring compiles
+
+
+@pytest.mark.parametrize("window", [64, None])
+def test_flex_block_mask_compiles_on_cuda_with_a_symbolic_length(window):
+    """The block mask a compiled FlexAttention stack builds, compiled alone for CUDA: if the stack test above
+    fails, this says whether the mask's code or the attention is at fault."""
+    compiled_block_masks_against_create_block_mask(window, (300, 420, 1000), "cuda")
+
+
+@pytest.mark.parametrize("window", [64, None])
+def test_eager_flex_attention_on_cuda_over_varying_lengths(window):
+    """Called eagerly on CUDA (a model scored or generating without train.compile), FlexAttention is compiled
+    alone, and once lengths vary, as the token level's do, it is traced for a symbolic length: at each length
+    the outputs and gradients of blocked attention."""
+    for T in (300, 420, 1000):
+        q, k, v = (t.cuda().requires_grad_() for t in qkv(T, B=2, H=4, hd=64))
+        blocked = sliding_window_attention(q, k, v, window, 50.0) if window else causal_attention(q, k, v, 50.0)
+        flex = flex_attention(q, k, v, window, 50.0)
+        assert torch.allclose(flex, blocked, atol=1e-4), T
+        g = torch.randn_like(flex)
+        grads = [torch.autograd.grad(y, (q, k, v), g) for y in (flex, blocked)]
+        assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(*grads)), T
+
+
+def test_compiled_stacks_do_not_recompile_on_cuda(tmp_path, keep_threads):
+    """train.compile with inductor on the device; its kernels round differently from eager ones, so a
+    boundary may flip: the token counts are not compared, the losses within 1e-3."""
+    check_compiled_stacks_do_not_recompile(tmp_path, rtol=1e-3, atol=1e-4, same_tokens=False, device="cuda")
+
+
 @pytest.mark.parametrize("kernel", ["blocked_sdpa", "flex"])
 @pytest.mark.parametrize("window", [64, None])
 def test_attention_on_cuda_equals_dense_reference(kernel, window):
@@ -194,40 +233,3 @@ def test_future_bytes_never_change_past_outputs_on_cuda(training):
         for name in base:
             assert torch.equal(base[name][:, :k], new[name][:, :k]), f"{name} at positions < {k} changed"
         assert not torch.equal(base["logits"][:, k:], new["logits"][:, k:])
-
-
-def test_compiled_stacks_do_not_recompile_on_cuda(tmp_path, keep_threads):
-    """train.compile with inductor on the device; its kernels round differently from eager ones, so a
-    boundary may flip: the token counts are not compared, the losses within 1e-3."""
-    check_compiled_stacks_do_not_recompile(tmp_path, rtol=1e-3, atol=1e-4, same_tokens=False, device="cuda")
-
-
-@pytest.mark.parametrize("window", [64, None])
-def test_flex_attention_compiles_into_a_stack_on_cuda(window):
-    """What `train.compile` does with model.attention=flex: the stack one graph with the attention in it,
-    forward and backward as eager's (head dim 64: Inductor picks the backward's tiles by head dim)."""
-    compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3)
-    compiled_flex_stack_against_eager(window, "inductor", (300, 420), device="cuda", head_dim=64, atol=2e-3,
-                                      dynamic=True)  # as scoring compiles
-
-
-@pytest.mark.parametrize("window", [64, None])
-def test_flex_block_mask_compiles_on_cuda_with_a_symbolic_length(window):
-    """The block mask a compiled FlexAttention stack builds, compiled alone for CUDA: if the stack test above
-    fails, this says whether the mask's code or the attention is at fault."""
-    compiled_block_masks_against_create_block_mask(window, (300, 420, 1000), "cuda")
-
-
-@pytest.mark.parametrize("window", [64, None])
-def test_eager_flex_attention_on_cuda_over_varying_lengths(window):
-    """Called eagerly on CUDA (a model scored or generating without train.compile), FlexAttention is compiled
-    alone, and once lengths vary, as the token level's do, it is traced for a symbolic length: at each length
-    the outputs and gradients of blocked attention."""
-    for T in (300, 420, 1000):
-        q, k, v = (t.cuda().requires_grad_() for t in qkv(T, B=2, H=4, hd=64))
-        blocked = sliding_window_attention(q, k, v, window, 50.0) if window else causal_attention(q, k, v, 50.0)
-        flex = flex_attention(q, k, v, window, 50.0)
-        assert torch.allclose(flex, blocked, atol=1e-4), T
-        g = torch.randn_like(flex)
-        grads = [torch.autograd.grad(y, (q, k, v), g) for y in (flex, blocked)]
-        assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(*grads)), T

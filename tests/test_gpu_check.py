@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -40,7 +43,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     else:
         assert bounds["torch"]["admits"] is True and bounds["transformers"]["bound"] == ">=5.0"
         assert all(b["admits"] in (True, None) for b in bounds.values()), bounds  # this machine installed from them
-    assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # collected (they skip on a CPU)
+    assert tests["tests"] == tests["skipped"] > 0 and tests["failures"] == 0  # collected; they skip on a CPU
     assert len(tests["slowest"]) == 8 and all(name.startswith("tests.test_") and "::test_" in name for name, _ in tests["slowest"])
     assert figures["scan"]["equal_to_cpu_scan"] is True and figures["scan"]["ms"] > 0
     throughput = figures["throughput"]
@@ -181,6 +184,31 @@ def test_cuda_tests_past_their_time_are_stopped_and_said_so(tmp_path):
     tests = json.loads((tmp_path / "report.json").read_text())["tests"]["result"]
     assert tests["error"].startswith("the CUDA tests were stopped at --tests-seconds 0.5") and tests["seconds"] < 30
     assert "the CUDA tests were stopped at --tests-seconds 0.5" in (tmp_path / "report.md").read_text()
+
+
+def test_cuda_tests_stopped_at_their_time_keep_the_results_of_those_that_ran(tmp_path, monkeypatch):
+    """Stopped at --tests-seconds, pytest is interrupted as by Ctrl-C, so that it writes the results of the tests
+    that ran: those count, the one cut short is named, and the report says how many were selected."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    tests = tmp_path / "test_stopped.py"
+    tests.write_text("import time\nimport pytest\n\ndef test_passes_on_cuda(): pass\n\n"
+                     "def test_fails_on_cuda(): assert False, 'boom'\n\n"
+                     "@pytest.mark.parametrize('case', ['one draw, then two'])\n"
+                     "def test_hangs_on_cuda(case): time.sleep(600)\n\ndef test_never_runs_on_cuda(): pass\n")
+    monkeypatch.setattr(gpu_check, "CUDA_TESTS", [str(tests)])
+    result = gpu_check.stage_tests(SimpleNamespace(tests_seconds=10), None, torch.device("cpu"), tmp_path)
+    assert result["stopped"] and result["seconds"] < 40
+    assert (result["tests"], result["passed"], result["failed"]) == (2, 1, ["test_stopped::test_fails_on_cuda"])
+    assert result["failure_messages"]["test_stopped::test_fails_on_cuda"].startswith("AssertionError: boom")
+    stop = "the CUDA tests were stopped at --tests-seconds 10 after 2 of 4 tests (1 passed, 1 failed); "
+    assert result["error"].startswith(stop)  # the node id is relative to the repository
+    assert result["error"].endswith("test_stopped.py::test_hangs_on_cuda[one draw, then two] was running and the tests "
+                                    "after it did not run")
+    report = gpu_check.render({"tests": {"meta": {}, "result": result}})
+    assert "1 passed, 1 failed, 0 skipped" in report and "test_hangs_on_cuda[one draw, then two] was running" in report
+    assert "- `test_stopped::test_fails_on_cuda`: AssertionError: boom" in report
 
 
 def test_figures_past_the_stage_time_are_skipped_and_said_so(tmp_path):
