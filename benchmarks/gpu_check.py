@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
@@ -272,7 +273,6 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     say("running:", " ".join(cmd[1:]))
     start = time.perf_counter()
     returncode, output, stopped = run_until(cmd, args.tests_seconds)
-    say(output[-3000:])
     result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": returncode,
               "seconds": round(time.perf_counter() - start, 1), "output_tail": output[-3000:]}
     cases = junit_cases(xml)  # none if pytest was stopped before it wrote them
@@ -300,21 +300,33 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
 
 
 def run_until(cmd: list[str], seconds: float, grace: float = 30.0) -> tuple[int, str, bool]:
-    """Runs `cmd` in the repository; past `seconds` stops it as Ctrl-C would, so that pytest ends the test it is in
-    and writes the report of those that ran, and kills it if it has not ended `grace` seconds later. Returns its
-    exit code, its output (stdout and stderr together) and whether it was stopped."""
+    """Runs `cmd` in the repository, its output (stdout and stderr together) printed as it comes, so that a command
+    killed from outside still shows how far it got; past `seconds` stops it as Ctrl-C would, so that pytest ends
+    the test it is in and writes the report of those that ran, and kills it if it has not ended `grace` seconds
+    later. Returns its exit code, its output and whether it was stopped."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line)
+            print(line, end="", flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    stopped = False
     try:
-        output = proc.communicate(timeout=seconds)[0]
-        return proc.returncode, output, False
+        proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
+        stopped = True
         proc.send_signal(signal.SIGINT)
         try:
-            output = proc.communicate(timeout=grace)[0]
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
-            output = proc.communicate()[0]
-        return proc.returncode, output, True
+            proc.wait()
+    reader.join(timeout=10)  # the pipe closes when the process (and any child holding it) has ended
+    return proc.returncode, "".join(lines), stopped
 
 
 def junit_cases(xml: Path) -> list[tuple[str, float, str, str]]:

@@ -3,6 +3,7 @@ first real run on a GPU cannot die on a typo, a missing import or a report that 
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -186,17 +187,23 @@ def test_cuda_tests_past_their_time_are_stopped_and_said_so(tmp_path):
     assert "the CUDA tests were stopped at --tests-seconds 0.5" in (tmp_path / "report.md").read_text()
 
 
+def stopped_tests(folder: Path) -> Path:
+    """A test file for the tests stage: a test that passes, one that fails, one that hangs, one after it."""
+    tests = folder / "test_stopped.py"
+    tests.write_text("import time\nimport pytest\n\ndef test_passes_on_cuda(): pass\n\n"
+                     "def test_fails_on_cuda(): assert False, 'boom'\n\n"
+                     "@pytest.mark.parametrize('case', ['one draw, then two'])\n"
+                     "def test_hangs_on_cuda(case): time.sleep(600)\n\ndef test_never_runs_on_cuda(): pass\n")
+    return tests
+
+
 def test_cuda_tests_stopped_at_their_time_keep_the_results_of_those_that_ran(tmp_path, monkeypatch):
     """Stopped at --tests-seconds, pytest is interrupted as by Ctrl-C, so that it writes the results of the tests
     that ran: those count, the one cut short is named, and the report says how many were selected."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_check
 
-    tests = tmp_path / "test_stopped.py"
-    tests.write_text("import time\nimport pytest\n\ndef test_passes_on_cuda(): pass\n\n"
-                     "def test_fails_on_cuda(): assert False, 'boom'\n\n"
-                     "@pytest.mark.parametrize('case', ['one draw, then two'])\n"
-                     "def test_hangs_on_cuda(case): time.sleep(600)\n\ndef test_never_runs_on_cuda(): pass\n")
+    tests = stopped_tests(tmp_path)
     monkeypatch.setattr(gpu_check, "CUDA_TESTS", [str(tests)])
     result = gpu_check.stage_tests(SimpleNamespace(tests_seconds=10), None, torch.device("cpu"), tmp_path)
     assert result["stopped"] and result["seconds"] < 40
@@ -209,6 +216,32 @@ def test_cuda_tests_stopped_at_their_time_keep_the_results_of_those_that_ran(tmp
     report = gpu_check.render({"tests": {"meta": {}, "result": result}})
     assert "1 passed, 1 failed, 0 skipped" in report and "test_hangs_on_cuda[one draw, then two] was running" in report
     assert "- `test_stopped::test_fails_on_cuda`: AssertionError: boom" in report
+
+
+def test_cuda_tests_show_how_far_they_got_when_the_command_is_killed(tmp_path):
+    """The tests stage prints pytest's output as it comes: a command killed from outside (a machine's time limit)
+    still shows which tests ran."""
+    tests = stopped_tests(tmp_path)
+    script = (f"import sys, torch, types; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import gpu_check; "
+              f"gpu_check.CUDA_TESTS = [{str(tests)!r}]; "
+              f"gpu_check.stage_tests(types.SimpleNamespace(tests_seconds=600), None, torch.device('cpu'), "
+              f"gpu_check.Path({str(tmp_path)!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    seen, deadline = b"", time.monotonic() + 60
+    try:  # read what has come (no buffering of our own), until the failed test's line or the deadline
+        while b"test_fails_on_cuda FAILED" not in seen:
+            if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the script and the pytest it started, as a machine's limit would
+        proc.wait()
+    text = seen.decode()
+    assert "test_stopped.py::test_passes_on_cuda PASSED" in text and "test_fails_on_cuda FAILED" in text, text[-2000:]
 
 
 def test_figures_past_the_stage_time_are_skipped_and_said_so(tmp_path):
