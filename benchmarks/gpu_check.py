@@ -268,9 +268,12 @@ def stage_tests(args, sizes: Sizes, device: torch.device, work: Path) -> dict:
     xml = work / "cuda_tests.xml"
     # -v: each test's name as it starts (which one a stop cut short); no:logging: the captured DEBUG records of
     # torch's tracing would fill the output tail
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda",
-           f"--junitxml={xml}", *CUDA_TESTS]
-    say("running:", " ".join(cmd[1:]))
+    pytest_args = ["-v", "-p", "no:cacheprovider", "-p", "no:logging", "-k", "cuda", f"--junitxml={xml}", *CUDA_TESTS]
+    # pytest with Ctrl-C's KeyboardInterrupt restored: a command started in the background by a shell without job
+    # control (CI, a remote runner) inherits SIGINT ignored, and pytest would then not stop at --tests-seconds
+    cmd = [sys.executable, "-c", "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "sys.exit(pytest.main(sys.argv[1:]))", *pytest_args]
+    say("running: pytest", " ".join(pytest_args))
     start = time.perf_counter()
     returncode, output, stopped = run_until(cmd, args.tests_seconds)
     result = {"command": "python -m pytest -k cuda " + " ".join(CUDA_TESTS), "returncode": returncode,

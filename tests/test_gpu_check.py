@@ -198,14 +198,20 @@ def stopped_tests(folder: Path) -> Path:
 
 
 def test_cuda_tests_stopped_at_their_time_keep_the_results_of_those_that_ran(tmp_path, monkeypatch):
-    """Stopped at --tests-seconds, pytest is interrupted as by Ctrl-C, so that it writes the results of the tests
-    that ran: those count, the one cut short is named, and the report says how many were selected."""
+    """Stopped at --tests-seconds, pytest is interrupted as by Ctrl-C (even where SIGINT was ignored when the stage
+    started), so that it writes the results of the tests that ran: those count, the one cut short is named, and
+    the report says how many were selected."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_check
 
     tests = stopped_tests(tmp_path)
     monkeypatch.setattr(gpu_check, "CUDA_TESTS", [str(tests)])
-    result = gpu_check.stage_tests(SimpleNamespace(tests_seconds=10), None, torch.device("cpu"), tmp_path)
+    # as in a command a shell started in the background (CI): its children inherit SIGINT ignored
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = gpu_check.stage_tests(SimpleNamespace(tests_seconds=10), None, torch.device("cpu"), tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert result["stopped"] and result["seconds"] < 40
     assert (result["tests"], result["passed"], result["failed"]) == (2, 1, ["test_stopped::test_fails_on_cuda"])
     assert result["failure_messages"]["test_stopped::test_fails_on_cuda"].startswith("AssertionError: boom")
