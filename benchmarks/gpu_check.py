@@ -42,6 +42,7 @@ import gc
 import gzip
 import importlib
 import json
+import math
 import os
 import platform
 import re
@@ -124,6 +125,9 @@ class Sizes:
                 "learned_with_probe": ("learned", ("model.lambda_word_start=1", WORD_START_RATE)),
                 "learned_with_early_probe": ("learned", ("model.lambda_word_start=1", EARLY_PROBE, WORD_START_RATE))}
     learn_seconds: float = 240.0
+    # the most FLOPs a learning run may spend: the dry run caps a given --flops, so that the command planned for
+    # a GPU (--flops 5e15) can be dry-run as it stands, in seconds
+    max_flops: float = math.inf
     probe_every: float = 60.0
     settle_steps: tuple = (3, 13)  # the speed is measured between these steps (after compilation)
     sample_bytes: int = 240  # held-out bytes shown segmented at each probe
@@ -144,7 +148,7 @@ class Sizes:
                      learn_config="cpu_default",
                      learn_overrides=tiny + ("train.batch_size=4", "train.micro_batches=2", "data.mode=packed",
                                              "train.warmup_bytes=2048"),
-                     learn_seconds=6.0, probe_every=2.0, settle_steps=(1, 3))
+                     learn_seconds=6.0, max_flops=1e10, probe_every=2.0, settle_steps=(1, 3))
 
 
 def say(*args) -> None:
@@ -916,6 +920,9 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
 
     flops = args.flops
     name = run_name(strategy, seed)
+    if flops is not None and flops > sizes.max_flops:
+        say(f"--flops {flops:.4g} capped at {sizes.max_flops:.4g} for the dry run")
+        flops = sizes.max_flops
     uniform_part = out_dir / f"part_learn_{run_name('uniform', seed)}.json"
     if flops is None and strategy != "uniform":
         if not uniform_part.exists():
@@ -1337,7 +1344,8 @@ def main(argv: list[str] | None = None) -> int:
                         "hangs leaves the stages after it their time; the results of those that ran are kept")
     p.add_argument("--stage-seconds", type=float, default=480.0,
                    help="figures stage: start no figure after this many seconds (default 480: a 10-minute command)")
-    p.add_argument("--dry-run", action="store_true", help="every stage on a CPU with tiny sizes")
+    p.add_argument("--dry-run", action="store_true",
+                   help=f"every stage on a CPU with tiny sizes (a given --flops capped at {Sizes.dry().max_flops:.0e})")
     args = p.parse_args(argv)
     sizes = Sizes.dry() if args.dry_run else Sizes.real()
     if args.learn_seconds:

@@ -177,6 +177,17 @@ def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_p
     assert "`learn_learned`: see the traceback" in (tmp_path / "report.md").read_text()
 
 
+def test_the_planned_learning_command_dry_runs_as_it_stands(tmp_path):
+    """The command planned for a GPU gives --flops at the GPU's scale; dry-run as it stands, each run stops at
+    the dry run's cap instead (uncapped, 5e15 FLOPs of the tiny model ran for more than 15 minutes)."""
+    proc = subprocess.run(**dry_run("--stage", "learn", "--strategy", "learned", "--flops", "5e15", "--seed", "3",
+                                    "--out", str(tmp_path)), capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "--flops 5e+15 capped at 1e+10 for the dry run" in proc.stdout
+    learned = json.loads((tmp_path / "part_learn_learned_seed3.json").read_text())["result"]
+    assert 1e10 <= learned["flops"] < 1e10 + 1.5 * learned["flops"] / learned["steps"]
+
+
 def test_cuda_tests_past_their_time_are_stopped_and_said_so(tmp_path):
     """A CUDA test that hangs must not take the time of the stages after it: pytest is stopped at
     --tests-seconds, the stage returns, and the report says so with the output so far."""
