@@ -996,7 +996,8 @@ def stage_learn(args, sizes: Sizes, device: torch.device, work: Path, out_dir: P
         # SIGTERM (a command's time limit) or Ctrl-C: the trainer saved a checkpoint; the run's part keeps its
         # probes and stays partial, and no later run starts, since it could not finish either
         save({"strategy": strategy, "seed": seed, "probes": trainer.probes, "stopped_at_step": trainer.step})
-        say(f"{name} stopped by signal {trainer.stopped_by} at step {trainer.step}: no later stage starts")
+        say(f"{name} stopped by signal {trainer.stopped_by} at step {trainer.step}: no later stage starts, and the "
+            "checkpoint goes with the script's temporary folder (the run cannot be resumed from it)")
         raise SystemExit(128 + trainer.stopped_by)
     wall = time.perf_counter() - trainer.started
     stochastic = getattr(trainer.model.boundaries, "stochastic", False)

@@ -164,6 +164,7 @@ def test_a_learning_run_stopped_by_sigterm_stays_partial_and_no_later_run_starts
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "uniform stopped by signal 15" in out and "=== stage learn_learned" not in out
+    assert "the checkpoint goes with the script's temporary folder" in out  # not the trainer's "continue with" alone
     assert not (tmp_path / "part_learn_learned.json").exists()
     uniform = json.loads(part.read_text())
     assert uniform["meta"]["partial"] and uniform["result"]["probes"] and "val_bpb" not in uniform["result"]
