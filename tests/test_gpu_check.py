@@ -180,7 +180,8 @@ def test_learned_run_without_a_budget_fails_clearly_and_the_report_says_so(tmp_p
 
 def test_the_planned_learning_command_dry_runs_as_it_stands(tmp_path):
     """The command planned for a GPU gives --flops at the GPU's scale; dry-run as it stands, each run stops at
-    the dry run's cap instead (uncapped, the tiny model spent 15 minutes on the first 2.8e12 of 5e15 FLOPs)."""
+    the dry run's cap instead (uncapped, at the plan's 32 rows, the tiny model spent 15 minutes on the first 2.8e12
+    of 5e15 FLOPs)."""
     proc = subprocess.run(**dry_run("--stage", "learn", "--strategy", "learned", "--flops", "5e15", "--seed", "3",
                                     "--out", str(tmp_path)), capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
