@@ -105,8 +105,9 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     longer than `context` bytes (default: the training sequence length when known, else 4096) is cut
     into pieces, each read after its own BOS."""
     from .eval.scorer import BOUNDARY_MODES, threshold_uniform
-    from .hub import default_context
+    from .hub import as_unet, default_context
 
+    model = as_unet(model)
     if boundaries not in BOUNDARY_MODES:
         raise ValueError(f"unknown boundaries {boundaries!r}; choose one of {', '.join(BOUNDARY_MODES)}")
     strategy = model.boundaries

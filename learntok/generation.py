@@ -32,7 +32,7 @@ import torch
 from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .display import Segmentation
 from .eval.scorer import boundary_uniforms
-from .hub import default_context
+from .hub import as_unet, default_context
 from .objectives import LN2
 
 
@@ -124,6 +124,7 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
 
     `compile`: step through `compiled_step`, one compiled graph per byte (several times faster on a CPU,
     after tens of seconds of compiling once per process, model, batch size and thread count)."""
+    model = as_unet(model)
     batched = not isinstance(prompt, (str, bytes, bytearray))
     prompts = [_encode(p) for p in (prompt if batched else [prompt])]
     if not prompts:
@@ -383,6 +384,7 @@ def score_texts(model, texts: Sequence[str | bytes], *, seed: int = 0, samples: 
     same numbers as one text at a time (a row's boundaries and scores do not depend on its batch)."""
     from .eval.scorer import UNetScorer
 
+    model = as_unet(model)
     data = [_encode(text) for text in texts]
     was_training = model.training
     try:

@@ -30,9 +30,12 @@ objective with its policy gradient).
 
 **Rows.** Each row is what a tool gives: with or without BOS (BOS is put in front when missing, and
 the logits of the given positions are returned), left- or right-padded (``attention_mask``).
+``config.max_position_embeddings`` is the trained length less that BOS: the longest row a tool should give.
 
 **Generation** uses the U-Net's own caches, as `learntok.generate` does (:class:`LearntokCache` holds
-its `generation.CachedRows`: rows whose prompts have the same length step as one batch).
+its `generation.CachedRows`: rows whose prompts have the same length step as one batch). As with any
+transformers model, a call with a cache takes the bytes the cache has not seen: the prompts first, then
+the bytes that follow, one or several per call.
 Greedy and sampling are supported; bytes are drawn by transformers' own processors and
 ``torch.multinomial``, which `learntok.generate` reproduces: after ``torch.manual_seed(seed)``,
 ``model.generate(..., do_sample=True, top_k=0)`` draws the bytes ``learntok.generate(unet, prompt,
@@ -42,6 +45,7 @@ from all; with ``top_k=k`` pass the same k to both). Beam search and assisted de
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from pathlib import Path
@@ -73,7 +77,24 @@ _LOADER_KEYS = {"trust_remote_code", "_from_auto", "_from_pipeline", "_commit_ha
                 "use_safetensors", "resume_download", "user_agent", "gguf_file"}
 
 
-class LearntokConfig(PretrainedConfig):
+class _SavesLearntokCode:
+    """`save_pretrained` for the config and tokenizer: the directory gets learntok's ``learntok_hf.py`` (which
+    imports the installed learntok) and an ``auto_map`` naming it. A class loaded with ``trust_remote_code``
+    is registered for its Auto class, and transformers would then copy the source of the module defining it
+    (``learntok/hf.py``) and of every module it imports relatively, which it cannot find outside the package
+    (FileNotFoundError, also at every checkpoint of a ``Trainer``). The file is written first, so that
+    ``push_to_hub=True`` uploads it with the rest."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        hub.write_remote_code(save_directory)
+        self._auto_class = None  # this object's own: no copy of learntok's source
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            del self._auto_class
+
+
+class LearntokConfig(_SavesLearntokCode, PretrainedConfig):
     """config.json of a learntok directory: learntok's own sections (``model``, ``boundaries``,
     ``train``, ``data``, ``training``) as dicts, and the keys transformers reads. ``boundary_seed``:
     the stream of boundary draws in eval mode (0, as `learntok score`)."""
@@ -86,6 +107,7 @@ class LearntokConfig(PretrainedConfig):
         for key, value in (("bos_token_id", BOS), ("eos_token_id", EOS), ("pad_token_id", PAD)):
             kwargs.setdefault(key, value)
         kwargs.pop("vocab_size", None)
+        kwargs.setdefault("auto_map", copy.deepcopy(hub.AUTO_MAP))
         super().__init__(**kwargs)
         self.model, self.boundaries, self.train, self.data = model or {}, boundaries or {}, train, data
         self.training = training or {}
@@ -126,13 +148,24 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: LearntokConfig, unet: ByteUNet | None = None):
         super().__init__(config)
-        if unet is None:
+        if unet is None:  # from_config: the facts of the config go with the model, to be saved again
             run_cfg = config.run_config()
             unet = ByteUNet(run_cfg.model, run_cfg.boundaries)
+            unet.info = hub.ModelInfo(run_cfg, dict(config.training), run_known=bool(config.train))
         self.unet = unet
         self.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
                                                   suppress_tokens=[BOS, PAD])
         self.post_init()
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.unet.embed
+
+    def set_input_embeddings(self, value: torch.nn.Embedding) -> None:
+        self.unet.embed = value
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        raise NotImplementedError("learntok: the vocabulary is the 256 bytes and BOS, EOS and PAD; it has no size to "
+                                  "change (new symbols are UTF-8 bytes)")
 
     def _init_weights(self, module) -> None:
         """Nothing: the U-Net initialises itself when built (`ByteUNet.reset_parameters`) or is loaded."""
@@ -144,14 +177,16 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
                         torch_dtype=None, device_map=None, revision: str | None = None, token: str | None = None,
                         cache_dir: str | None = None, local_files_only: bool = False, **kwargs):
         """Load with `learntok.from_pretrained` (a saved directory, a training run or a Hub repo), in
-        eval mode. ``dtype`` (or ``torch_dtype``) and ``device_map`` (a device) are honoured;
-        ``config`` is read from the directory."""
+        eval mode. ``dtype`` (or ``torch_dtype``) and ``device_map`` (a device) are honoured. The model's
+        sections come from the directory; ``boundary_seed`` from ``config`` when given (AutoModel puts
+        keyword arguments such as ``boundary_seed=1`` there) or from the keyword itself."""
+        seed = kwargs.pop("boundary_seed", config.boundary_seed if isinstance(config, LearntokConfig) else 0)
         unknown = sorted(k for k, v in kwargs.items() if k not in _LOADER_KEYS and v is not None)
         if model_args or unknown:
             warnings.warn(f"learntok: from_pretrained ignores {[*map(repr, model_args), *unknown]}", stacklevel=2)
         unet = hub.from_pretrained(pretrained_model_name_or_path, revision=revision, token=token, cache_dir=cache_dir,
                                    local_files_only=local_files_only)
-        model = cls(LearntokConfig(**hub.config_json(unet)), unet=unet)
+        model = cls(LearntokConfig(**hub.config_json(unet), boundary_seed=int(seed)), unet=unet)
         dtype = dtype if dtype is not None else torch_dtype
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
@@ -185,23 +220,31 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 cache: LearntokCache | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, return_dict: bool | None = None,
-                past_key_values: LearntokCache | None = None, **kwargs) -> CausalLMOutputWithPast:
-        """Next-byte logits (B, T, V) at every given position (zeros at padding), and with ``labels``
-        the mean next-byte cross-entropy over positions whose label is not -100 (shifted as usual).
-        With a `LearntokCache` (generation; `cache`, or `past_key_values` as older transformers name it):
-        the logits of the newest position only, (B, 1, V)."""
+                past_key_values: LearntokCache | None = None, logits_to_keep: int = 0,
+                **kwargs) -> CausalLMOutputWithPast | tuple:
+        """Next-byte logits (B, T, V) at every given position (zeros at padding), or at the last
+        ``logits_to_keep`` of them, and with ``labels`` the mean next-byte cross-entropy over positions
+        whose label is not -100 (shifted as usual). With a `LearntokCache` (`cache`, or `past_key_values`
+        as older transformers name it; ``use_cache=True`` starts one), as with any transformers model:
+        the first call feeds the prompts, and every later one only the bytes that follow (B, n), whose
+        logits it returns."""
         cache = cache if cache is not None else past_key_values
         if cache is None and use_cache and not self.training:
             cache = LearntokCache()
         if cache is not None:
-            logits = self._generation_step(input_ids, attention_mask, cache)
+            logits = self._generation_step(input_ids, attention_mask, cache, logits_to_keep)
         else:
-            logits = self._full_forward(input_ids, attention_mask)
+            logits = self._full_forward(input_ids, attention_mask)[:, -logits_to_keep:]
         loss = None
         if labels is not None:
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError(f"learntok: labels cover {labels.shape[1]} positions but logits {logits.shape[1]} "
+                                 f"(logits_to_keep={logits_to_keep}, or a cache's later call): give labels for the "
+                                 f"positions whose logits are returned")
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
+        return out if return_dict is not False else out.to_tuple()
 
     @staticmethod
     def _real(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,8 +263,8 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         # the internal position of every real column: rows start at 0 with BOS, left padding removed
         position = (mask.long().cumsum(1) - 1 + offset[:, None]).clamp(min=0)  # (B, T)
         length = int((mask.sum(1) + offset).max())
-        if self.unet.boundaries.length_dependent:  # pad to the trained length, as learntok's scorer does
-            length = max(length, self.config.max_position_embeddings)
+        if self.unet.boundaries.length_dependent:  # pad to the trained length (BOS included), as learntok's scorer does
+            length = max(length, self.config.max_position_embeddings + 1)
         inputs = torch.full((B, length), PAD, dtype=torch.long, device=input_ids.device)
         inputs[:, 0] = BOS
         rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
@@ -231,9 +274,9 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         return logits * mask[..., None]
 
     def _generation_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                         cache: LearntokCache) -> torch.Tensor:
-        """Feed the columns of `input_ids` the cache has not seen: the prompts on the first call, the
-        bytes generated since on later ones. Returns the logits after the last column, (B, 1, V)."""
+                         cache: LearntokCache, logits_to_keep: int) -> torch.Tensor:
+        """Feed `input_ids` to the cache: the prompts on its first call, the bytes that follow on later
+        ones. Returns the logits at the last `logits_to_keep` columns given (0: all), (B, n, V)."""
         if self.unet.draws > 1:
             raise NotImplementedError("learntok: generation runs in eval mode; call model.eval()")
         if cache.rows is None:
@@ -243,11 +286,20 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
             new = cache.max_length - input_ids.shape[1] if cache.max_length else self.config.max_position_embeddings
             uniforms = boundary_uniforms(self.config.boundary_seed, max(len(r) for r in rows) + new)
             cache.rows = CachedRows(self.unet, rows, new, uniforms.to(input_ids.device))
+            last = cache.rows.logits[:, None].clone()  # (B, 1, V)
+            if logits_to_keep != 1 and input_ids.shape[1] > 1:  # the prompts' own logits too: a full forward
+                logits = self._full_forward(input_ids, attention_mask)[:, -logits_to_keep:]
+                logits[:, -1:] = last  # the cache's, which the bytes that follow are drawn from
+                last = logits
         else:
-            for column in range(cache.seen, input_ids.shape[1]):
-                cache.rows.append(input_ids[:, column])
-        cache.seen = input_ids.shape[1]
-        return cache.rows.logits[:, None].clone()
+            n, steps = input_ids.shape[1], []
+            for column in range(n):
+                logits = cache.rows.append(input_ids[:, column])
+                if logits_to_keep == 0 or column >= n - logits_to_keep:
+                    steps.append(logits.clone())
+            last = torch.stack(steps, 1)
+        cache.seen += input_ids.shape[1]
+        return last
 
     # --- generate's hooks ------------------------------------------------------------------------
 
@@ -261,13 +313,16 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, cache: LearntokCache | None = None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
-                                      past_key_values: LearntokCache | None = None, **kwargs) -> dict:
-        """Every column every time: the cache knows which it has seen (without a cache, a full forward)."""
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                CACHE: cache if cache is not None else past_key_values, "use_cache": use_cache}
+                                      past_key_values: LearntokCache | None = None, logits_to_keep: int | None = None,
+                                      **kwargs) -> dict:
+        """The columns the cache has not seen (all of them without a cache: a full forward)."""
+        cache = cache if cache is not None else past_key_values
+        inputs = {"input_ids": input_ids[:, cache.seen:] if cache is not None else input_ids,
+                  "attention_mask": attention_mask, CACHE: cache, "use_cache": use_cache}
+        return inputs if logits_to_keep is None else inputs | {"logits_to_keep": logits_to_keep}
 
 
-class LearntokTokenizer(PreTrainedTokenizer):
+class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
     """UTF-8 bytes as ids 0-255 and learntok's BOS (256), EOS (257) and PAD (258). Encoding adds no
     special ids (the model puts BOS in front of a row that lacks it, so a text scores the same with or
     without one, and tools that add their own prefix token, such as lm-eval's rolling windows, get no
@@ -284,6 +339,7 @@ class LearntokTokenizer(PreTrainedTokenizer):
         kwargs.setdefault("split_special_tokens", True)  # "<eos>" in a text is five bytes
         kwargs.setdefault("padding_side", "left")  # for generation
         super().__init__(bos_token=bos_token, eos_token=eos_token, pad_token=pad_token, **kwargs)
+        self._auto_map = {"AutoTokenizer": list(hub.AUTO_MAP["AutoTokenizer"])}  # saved in tokenizer_config.json
 
     @property
     def vocab_size(self) -> int:

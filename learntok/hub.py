@@ -28,6 +28,7 @@ config that does not fit the weights) raises `ModelLoadError` saying which file 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -57,7 +58,8 @@ AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)."""
 from learntok.hf import LearntokConfig, LearntokForCausalLM, LearntokTokenizer  # noqa: F401
 '''
 _REMOTE_MODULE = REMOTE_CODE_NAME.removesuffix(".py")
-_AUTO_TOKENIZER = [f"{_REMOTE_MODULE}.LearntokTokenizer", None]
+AUTO_MAP = {"AutoConfig": f"{_REMOTE_MODULE}.LearntokConfig", "AutoModelForCausalLM": f"{_REMOTE_MODULE}.LearntokForCausalLM",
+            "AutoTokenizer": [f"{_REMOTE_MODULE}.LearntokTokenizer", None]}  # config.json's and tokenizer_config.json's
 FALLBACK_CONTEXT = 4096  # bytes per forward pass for a model whose training length is unknown: the paper's
 STRATEGY_FILES = sorted({f for cls in STRATEGIES.values() for f in cls.files})  # `BoundaryStrategy.save_files`
 _CONFIG_SECTIONS = ("model", "boundaries", "train", "data")
@@ -78,6 +80,13 @@ class ModelInfo:
     run_known: bool = True  # False: the train and data sections are defaults, not the model's history
 
 
+def as_unet(model) -> ByteUNet:
+    """The `ByteUNet` of `model`: the model itself, or the one a transformers model of `learntok.hf` wraps
+    (``model.unet``), so that learntok's functions take either."""
+    inner = getattr(model, "unet", None)
+    return inner if isinstance(inner, ByteUNet) else model
+
+
 def default_context(model, fallback: int = FALLBACK_CONTEXT) -> int:
     """Bytes per forward pass when scoring or segmenting long texts: the training sequence length when
     the model knows it (it never saw longer sequences), else `fallback` (the paper's length)."""
@@ -95,6 +104,7 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
     `config`: the run's config, when the model did not come from `from_pretrained` (its model and
     boundary sections are always taken from the model itself). `training`: facts for the model card
     (bytes_seen, val_bpb, ...), merged over what `model.info` knows."""
+    model = as_unet(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     meta = config_json(model, config=config, training=training)
@@ -102,15 +112,22 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
     _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
         weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION)}))
     _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
-    tokenizer = {"tokenizer_class": "LearntokTokenizer", "auto_map": {"AutoTokenizer": _AUTO_TOKENIZER},
+    tokenizer = {"tokenizer_class": "LearntokTokenizer", "auto_map": {"AutoTokenizer": AUTO_MAP["AutoTokenizer"]},
                  "model_max_length": meta["max_position_embeddings"], "padding_side": "left"}
     _write_atomic(directory / TOKENIZER_CONFIG_NAME, lambda p: p.write_text(json.dumps(tokenizer, indent=2) + "\n"))
-    _write_atomic(directory / REMOTE_CODE_NAME, lambda p: p.write_text(REMOTE_CODE))
+    write_remote_code(directory)
     model.boundaries.save_files(directory)  # what the strategy needs beyond its weights (a BPE tokenizer)
     card = directory / CARD_NAME
     if overwrite_card or not card.exists():
         _write_atomic(card, lambda p: p.write_text(model_card(meta)))
     return directory
+
+
+def write_remote_code(directory: str | Path) -> None:
+    """The directory's learntok_hf.py, which transformers imports for `trust_remote_code`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomic(directory / REMOTE_CODE_NAME, lambda p: p.write_text(REMOTE_CODE))
 
 
 def config_json(model, *, config: RunConfig | None = None, training: dict | None = None) -> dict:
@@ -127,10 +144,11 @@ def config_json(model, *, config: RunConfig | None = None, training: dict | None
     n_params = sum(p.numel() for p in model.parameters())
     transformers_keys = {
         "architectures": ["LearntokForCausalLM"],
-        "auto_map": {"AutoConfig": f"{_REMOTE_MODULE}.LearntokConfig",
-                     "AutoModelForCausalLM": f"{_REMOTE_MODULE}.LearntokForCausalLM", "AutoTokenizer": _AUTO_TOKENIZER},
+        "auto_map": copy.deepcopy(AUTO_MAP),
         "vocab_size": VOCAB_SIZE, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD,
-        "max_position_embeddings": run_cfg.train.seq_len if run_known else FALLBACK_CONTEXT,  # lm-eval's context
+        # lm-eval's context: the bytes a row holds beside the BOS the model puts in front, so that a tool's rows
+        # are the trained length (a longer one moves a length-dependent strategy's boundaries in its batch)
+        "max_position_embeddings": (run_cfg.train.seq_len if run_known else FALLBACK_CONTEXT) - 1,
     }
     return {"model_type": MODEL_TYPE, "learntok_version": __version__, "format_version": FORMAT_VERSION,
             **sections, "training": facts, "num_parameters": n_params, **transformers_keys}

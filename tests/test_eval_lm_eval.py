@@ -134,6 +134,25 @@ def test_unknown_model_args_are_refused(setup):
         LearntokLM(pretrained=str(setup[0]), compile="maybe")
 
 
+def test_a_saved_directory_scores_as_its_run_with_the_stock_models_pairs(setup, tmp_path):
+    """A `save_pretrained` directory loads (lm-eval's own `trust_remote_code` flag accepted), and a context's
+    trailing space moves to the continuation, as lm-eval's stock models move it."""
+    import learntok
+    from lm_eval.api.instance import Instance
+
+    from learntok.eval.lm_eval_adapter import LearntokLM
+
+    run, _ = setup
+    directory = learntok.save_pretrained(learntok.from_pretrained(run), tmp_path / "model")
+    lm = LearntokLM(pretrained=str(directory), trust_remote_code=True)
+    assert lm.scorer.max_len == UNetScorer.from_run(run).max_len  # the trained length, from config.json
+    pairs = [("The cat sat on the ", "mat"), ("The cat sat on the", " mat")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    (moved, _), (plain, _) = lm.loglikelihood(requests, disable_tqdm=True)
+    (expected,) = UNetScorer.from_run(run).score([(b"The cat sat on the", b" mat")])
+    assert moved == plain and math.isclose(plain, -expected.nll_nats, rel_tol=1e-6)
+
+
 @pytest.mark.slow
 def test_command_line(setup, tmp_path):
     """`python -m learntok.eval.lm_eval_adapter` is lm-eval's CLI with the model registered."""

@@ -118,6 +118,81 @@ def test_labels_give_the_next_byte_cross_entropy(saved):
         out = model(ids, labels=ids)
     logp = torch.log_softmax(out.logits[0, :-1], -1).gather(1, ids[0, 1:, None])
     assert math.isclose(float(out.loss), -float(logp.mean()), rel_tol=1e-5)
+    with torch.no_grad():
+        loss, logits = model(ids, labels=ids, return_dict=False)  # a tuple, as transformers models give
+    assert torch.equal(loss, out.loss) and torch.equal(logits, out.logits)
+
+
+def test_a_hand_written_cache_loop_feeds_the_new_bytes_only(saved):
+    """transformers' convention: a cached call takes the bytes after those already fed and returns their
+    logits; the first returns the prompt's logits at every position. Each equals a full forward pass over
+    the bytes so far (uniform spreads its pattern over the room left for generation: other boundaries)."""
+    unet, directory = saved
+    if unet.boundaries.length_dependent:
+        pytest.skip("uniform's cached boundaries are spread over the generation's length, not the row's")
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([list(TEXTS[2].encode())])
+    with torch.no_grad():
+        out = model(ids[:, :10], use_cache=True)
+        assert (out.logits - model(ids[:, :10]).logits).abs().max() < 1e-5
+        cache = out[learntok.hf.CACHE]
+        for lo, hi in ((10, 11), (11, 12), (12, 15)):  # one byte at a time, then three at once
+            out = model(ids[:, lo:hi], **{learntok.hf.CACHE: cache})
+            assert out.logits.shape == (1, hi - lo, 259)
+            assert (out.logits - model(ids[:, :hi]).logits[:, lo:]).abs().max() < 1e-5
+        assert model(ids[:, 15:16], **{learntok.hf.CACHE: cache}, logits_to_keep=1).logits.shape == (1, 1, 259)
+
+
+def test_rows_of_the_published_length_keep_each_rows_boundaries(saved):
+    """max_position_embeddings is the bytes a row holds beside the BOS the model adds: a row that long in the
+    batch leaves a short row's logits as they are alone (uniform's pattern is the trained length's)."""
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    long_row = (TEXTS[2].encode() * 200)[:model.config.max_position_embeddings]
+    batch = torch.full((2, len(long_row)), PAD)
+    mask = torch.zeros_like(batch)
+    batch[0], mask[0] = torch.tensor(list(long_row)), 1
+    short = TEXTS[0].encode()
+    batch[1, -len(short):], mask[1, -len(short):] = torch.tensor(list(short)), 1
+    trained = learntok.hub.default_context(unet)  # positions, BOS included
+    u = boundary_uniforms(0, trained)[None] if unet.boundaries.stochastic else None
+    with torch.no_grad():
+        logits = model(batch, attention_mask=mask).logits
+        alone = model(torch.tensor([list(short)])).logits[0]
+        on_the_trained_grid = unet(torch.tensor([[BOS, *long_row]]), uniforms=u).logits[0, 1:]
+    assert len(long_row) + 1 == trained
+    assert (logits[1, -len(short):] - alone).abs().max() < 1e-5
+    assert (logits[0] - on_the_trained_grid).abs().max() < 1e-5
+
+
+def test_from_pretrained_takes_the_boundary_seed_and_learntok_takes_the_model(saved):
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory, boundary_seed=3)  # AutoModel puts it in the config
+    assert model.config.boundary_seed == 3
+    ids = encode(TEXTS[2])
+    T = ids.shape[1] if not unet.boundaries.length_dependent else model.config.max_position_embeddings + 1
+    padded = torch.full((1, T), PAD)
+    padded[:, :ids.shape[1]] = ids
+    with torch.no_grad():
+        expected = unet(padded, uniforms=boundary_uniforms(3, T)[None]).logits[:, :ids.shape[1]]
+        assert torch.equal(model(ids).logits, expected)
+    # learntok's own functions take the transformers model too
+    assert learntok.score(model, TEXTS[2]).bpb == learntok.score(unet, TEXTS[2]).bpb
+    assert learntok.segment(model, TEXTS[2]).tokens() == learntok.segment(unet, TEXTS[2]).tokens()
+    assert learntok.generate(model, "Hi", max_bytes=5, seed=1).data == learntok.generate(unet, "Hi", max_bytes=5, seed=1).data
+    with pytest.raises(NotImplementedError, match="vocabulary is the 256 bytes"):
+        model.resize_token_embeddings(300)
+
+
+def test_a_model_built_from_its_config_saves_what_the_config_knew(tmp_path):
+    from test_eval_cli import make_run
+
+    directory = learntok.save_pretrained(learntok.from_pretrained(make_run(tmp_path / "run")), tmp_path / "model")
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    model.save_pretrained(tmp_path / "again")
+    before, after = (json.loads((d / "config.json").read_text()) for d in (directory, tmp_path / "again"))
+    assert after["train"] == before["train"] and after["max_position_embeddings"] == before["max_position_embeddings"]
+    assert before["max_position_embeddings"] == before["train"]["seq_len"] - 1
 
 
 @pytest.mark.parametrize("settings", [dict(temperature=0), dict(), dict(temperature=0.8, top_k=20),
@@ -187,11 +262,16 @@ def test_trust_remote_code_without_importing_learntok(saved, tmp_path):
     unet, directory = saved
     script = f"""
 import sys, torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 assert "learntok" not in sys.modules
 model = AutoModelForCausalLM.from_pretrained({str(directory)!r}, trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained({str(directory)!r}, trust_remote_code=True)
 out = model.generate(**tokenizer({TEXTS[0]!r}, return_tensors="pt"), max_new_tokens=20, do_sample=False)
+# saved again, as Trainer saves its checkpoints: the classes loaded through learntok_hf.py save and reload
+tokenizer.save_pretrained("again")
+model.config.save_pretrained("again")
+again = AutoTokenizer.from_pretrained("again", trust_remote_code=True)
+assert again("é").input_ids == [195, 169] and AutoConfig.from_pretrained("again", trust_remote_code=True).model
 sys.stdout.buffer.write(bytes(t for t in out[0].tolist() if t < 256))
 """
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = __doc__.split("\n\n", 1)[1]
     p.add_argument("--checkpoint", action="append", required=True, metavar="RUN",
-                   help="run directory (its newest checkpoint) or step_* directory; repeat for several rows")
+                   help="run directory (its newest checkpoint), step_* directory, save_pretrained directory or Hub repo "
+                        "(owner/name); repeat for several rows")
     p.add_argument("--name", action="append", help="row name for each --checkpoint (default: the run's folder name)")
     g = p.add_argument_group("held-out text")
     g.add_argument("--data", metavar="SOURCE",
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         if want_heldout and heldout_docs is None:
             heldout_source = args.data or own_heldout
             if heldout_source is None:
-                _say(f"error: {ckpt} trained on {cfg.data.source!r}, which is not here; give --data")
+                trained_on = f"trained on {cfg.data.source!r}, which is not here" if cfg else "does not say what it trained on"
+                _say(f"error: {ckpt} {trained_on}; give --data")
                 return 2
             heldout_docs, what = read_heldout(heldout_source, field=args.field, limit=args.max_docs,
                                               max_bytes=args.max_bytes)

@@ -101,7 +101,9 @@ def _is_prepared(source: str | Path) -> bool:
 
 def run_heldout_source(cfg) -> str | None:
     """The held-out data a run trained against (`RunConfig.data.source`): ``demo``, or its prepared
-    directory when that still exists; None otherwise."""
+    directory when that still exists; None otherwise (`cfg` None: a model that does not know its run)."""
+    if cfg is None:
+        return None
     source = cfg.data.source
     if source == "demo":
         return "demo"

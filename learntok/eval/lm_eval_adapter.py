@@ -23,7 +23,8 @@ imported: it has no entry-point group for models. So the plain ``lm_eval`` comma
 The command line is lm-eval's own (every ``lm_eval`` option works); this module only registers the
 model first. ``--model_args`` (comma-separated ``key=value``):
 
-* ``pretrained`` (required): a run directory or a ``step_*`` checkpoint;
+* ``pretrained`` (required): a run directory, a ``step_*`` checkpoint, a ``save_pretrained`` directory or
+  a Hub repo (``owner/name``);
 * ``boundaries``: ``sampled`` (default), ``threshold`` or ``quantile``; ``samples`` (K, default 1);
   ``seed`` (default 0); ``calibration``: text source for ``quantile`` (default: the run's own
   held-out data); see :mod:`learntok.eval.scorer`;
@@ -81,6 +82,16 @@ def _flag(name: str, value) -> bool:
     return str(value).lower() == "true"
 
 
+def _encode_pair(context: str, continuation: str) -> tuple[bytes, bytes]:
+    """The pair as UTF-8 bytes, with the context's trailing whitespace moved to the start of the continuation,
+    as lm-eval's own models do (`TemplateLM._encode_pair`), so that an item scores as under the stock ``hf``
+    model."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    return context.encode("utf-8"), continuation.encode("utf-8")
+
+
 @_register
 class LearntokLM(LM):
     """An lm-eval ``LM`` over a learntok run (see the module docstring for the arguments)."""
@@ -88,8 +99,9 @@ class LearntokLM(LM):
     def __init__(self, pretrained: str, boundaries: str = "sampled", samples: int = 1, seed: int = 0,
                  max_len: int | None = None, overlap: int | None = None, calibration: str | None = None,
                  batch_size: int | str | None = None, max_batch_size: int | None = None,
-                 device: str | None = None, compile: bool | str = False, **unused):
-        super().__init__()
+                 device: str | None = None, compile: bool | str = False, trust_remote_code: bool | str = False,
+                 **unused):
+        super().__init__()  # trust_remote_code: lm-eval's own flag, which this model, imported, does not need
         if unused:
             raise ValueError(f"learntok: unknown model_args {sorted(unused)}; see learntok.eval.lm_eval_adapter")
         self.batch_size = _int_or_default(batch_size, 32)
@@ -120,7 +132,7 @@ class LearntokLM(LM):
     # --- the three request types -----------------------------------------------------------------
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [(ctx.encode("utf-8"), cont.encode("utf-8")) for ctx, cont in (r.args for r in requests)]
+        pairs = [_encode_pair(ctx, cont) for ctx, cont in (r.args for r in requests)]
         scores = score_pairs(pairs, self.scorer, self.batch_size, progress=not disable_tqdm, desc="learntok")
         out = []
         for req, s in zip(requests, scores):

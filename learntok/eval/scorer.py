@@ -221,13 +221,15 @@ class UNetScorer:
     @classmethod
     def from_run(cls, path: str | Path, *, device: str | torch.device = "cpu", max_len: int | None = None,
                  **kwargs) -> UNetScorer:
-        """Load a run directory or checkpoint (`learntok.train.checkpoint.load_model`); ``max_len``
-        defaults to the run's ``train.seq_len``."""
-        from ..train.checkpoint import load_model
+        """Load a training run, a checkpoint, a `save_pretrained` directory or a Hub repo
+        (`learntok.from_pretrained`); ``max_len`` defaults to the trained length (``train.seq_len``) when
+        the model knows it. ``run_config`` is then the run's config (None when the model does not know its
+        training run)."""
+        from ..hub import default_context, from_pretrained
 
-        model, cfg = load_model(path, device=device)
-        scorer = cls(model, max_len=max_len or cfg.train.seq_len, device=device, **kwargs)
-        scorer.run_config = cfg
+        model = from_pretrained(path, device=device)
+        scorer = cls(model, max_len=max_len or default_context(model), device=device, **kwargs)
+        scorer.run_config = model.info.config if model.info.run_known else None
         return scorer
 
     # --- description -----------------------------------------------------------------------------
