@@ -234,3 +234,40 @@ def test_flops_per_byte_plans_a_group_that_ends_as_one_draw(prepared):
         model.load_state_dict(models[0].state_dict())
     paper, grouped, ending = (flops_per_byte(model, batches) for model in models)
     assert ending == paper and grouped > 1.3 * paper
+
+
+def test_a_run_with_other_settings_is_neither_reused_nor_resumed(prepared, tmp_path):
+    """The same --out with another config or budget: the finished (or interrupted) run there is not the one
+    asked for, so the comparison stops with an error naming what differs, and leaves the old run and report
+    as they were. With the settings it was trained with, it is reused, or resumed."""
+    from learntok.compare import run_comparison
+    from learntok.config import ConfigError
+    from learntok.train.checkpoint import list_checkpoints
+
+    out = tmp_path / "report"
+    run_dir = out / "runs" / "uniform-seed0"
+
+    def compare(*overrides, flops=3e8):
+        lines = []
+        settings = CompareSettings(None, ["uniform"], flops, out, [*TINY, f"data.source={prepared}", "data.mode=packed",
+                                   *overrides], eval_points=1, eval_samples=1, heldout_sequences=4,
+                                   paragraph="The quick brown fox.")
+        run_comparison(settings, log=lines.append)
+        return "\n".join(lines)
+
+    compare()
+    table, result = (out / "table.md").read_text(), (run_dir / "result.json").read_text()
+    with pytest.raises(ConfigError, match=r"uniform-seed0 holds a run with other settings than this command's "
+                                          r"\(train\.flops_budget: 300000000\.0 there, 600000000\.0 asked for; "
+                                          r"train\.lr: 0\.003 there, 0\.01 asked for\).*give another --out, or remove"):
+        compare("train.lr=1e-2", flops=6e8)
+    assert (out / "table.md").read_text() == table and (run_dir / "result.json").read_text() == result
+    assert "reusing the finished run" in compare("train.threads=1")  # how it computes does not make another run
+
+    (run_dir / "result.json").unlink()  # a run interrupted after its last checkpoint
+    checkpoints = list_checkpoints(run_dir)
+    with pytest.raises(ConfigError, match=r"model\.d_model: 32 there, 48 asked for"):
+        compare("model.d_model=48")
+    assert list_checkpoints(run_dir) == checkpoints and not (run_dir / "result.json").exists()
+    assert "(resuming)" in compare()
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"

@@ -139,6 +139,38 @@ def test_out_exists_needs_overwrite(tmp_path):
     assert all_docs(tmp_path / "out", "train") == [b"three"]
 
 
+def test_overwrite_replaces_only_a_prepared_dataset_apart_from_the_inputs(tmp_path, capsys):
+    """--overwrite replaces a prepared dataset (or an empty folder); never a folder of other files, nor one
+    that is, holds or lies inside an input, which it would delete (or read as input). Refused: exit 2, one
+    line, nothing deleted."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("the first text")
+    (texts / "b.txt").write_text("the second text")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("not a dataset")
+    run([texts], tmp_path / "ds", val_fraction=0.0)
+    (tmp_path / "ds" / "in.txt").write_text("an input kept beside a dataset")
+    corpus = tmp_path / "corpus"
+    run([texts], corpus / "ds", val_fraction=0.0)  # a dataset inside an input folder
+    cases = {(texts, texts): "is the input", (texts, tmp_path): "holds the input",
+             (tmp_path / "ds" / "in.txt", tmp_path / "ds"): "holds the input",
+             (corpus, corpus / "ds"): "lies inside the input", (texts, theirs): "is not a prepared dataset"}
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for (source, out), message in cases.items():
+        with pytest.raises(FileExistsError, match=message):
+            run([source], out, overwrite=True)
+        assert cli_main(["prepare", str(source), "--out", str(out), "--overwrite", "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("learntok prepare: error: ") and message in err and "choose another --out" in err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "empty", tmp_path / "ds"):
+        run([texts / "a.txt"], out, overwrite=True, val_fraction=0.0)
+        assert all_docs(out, "train") == [b"the first text"]
+
+
 def prepared(tmp_path: Path) -> Path:
     out = tmp_path / "ds"
     with DatasetWriter(out, shard_bytes=64) as w:
@@ -165,6 +197,11 @@ def test_damaged_datasets_are_reported(tmp_path):
     with pytest.raises(ShardError, match=r"index_00002\.npy is missing"):
         open_split(out, "train")
     meta = json.loads((out / "meta.json").read_text())
+    edited = json.loads(json.dumps(meta))
+    edited["splits"]["train"]["shards"][0]["documents"] = "x"  # a hand-edited meta.json
+    (out / "meta.json").write_text(json.dumps(edited))
+    with pytest.raises(ShardError, match=r"meta.json's entry for shard 0 of .*train is malformed"):
+        open_split(out, "train")
     (out / "meta.json").write_text(json.dumps({**meta, "version": 99}))
     with pytest.raises(ShardError, match="format version 99, this learntok reads version 1; upgrade"):
         open_split(out, "train")

@@ -68,3 +68,33 @@ def test_ctrl_c_stops_the_demo_after_its_checkpoint(tmp_path, capsys, monkeypatc
     assert "stopped by signal 2 at step 2" in out
     assert "held-out bits-per-byte" not in out and "stopped at the" not in out
     assert list(run_dir.glob("step_*/model.safetensors"))
+
+
+def test_demo_leaves_a_folder_that_is_not_a_run_alone(tmp_path, capsys):
+    """The demo replaces its run directory: an earlier run there, or nothing. A folder holding anything else
+    may be the user's work, so the demo refuses it (exit 2) and deletes nothing."""
+    folder = tmp_path / "precious"
+    folder.mkdir()
+    (folder / "thesis.txt").write_text("years of work")
+    (folder / "step_000001").mkdir()  # beside a run's own files, the user's still count
+    assert main(["demo", "--run-dir", str(folder), "--no-progress", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "learntok demo: error: --run-dir" in err and "(thesis.txt)" in err and "choose another --run-dir" in err
+    assert (folder / "thesis.txt").read_text() == "years of work" and (folder / "step_000001").is_dir()
+    (tmp_path / "file").write_text("x")
+    assert main(["demo", "--run-dir", str(tmp_path / "file"), "--no-progress", *TINY]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err and (tmp_path / "file").read_text() == "x"
+
+
+def test_a_bad_demo_config_is_one_error_line(tmp_path, capsys):
+    """Called as the command's own `run` (not through `learntok.cli`, which may catch errors for it)."""
+    import argparse
+
+    from learntok.commands import demo_command
+
+    parser = argparse.ArgumentParser()
+    demo_command.add_arguments(parser)
+    args = parser.parse_args(["--run-dir", str(tmp_path / "demo"), "--no-progress", "model.n_heads=3"])
+    assert demo_command.run(args) == 2
+    assert capsys.readouterr().err.startswith("learntok demo: error: model.d_model=128 must split into n_heads=3")
+    assert not (tmp_path / "demo").exists()

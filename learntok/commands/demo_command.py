@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
+# What a run directory holds (train/trainer.py, train/metrics.py, train/checkpoint.py): config.yaml,
+# metrics.jsonl, tensorboard/, step_XXXXXX/ checkpoints, and the temporaries of their atomic writes
+# (.config.yaml.tmp, .metrics.jsonl.tmp, .tmp_step_XXXXXX/, .old_step_XXXXXX/)
+_RUN_ENTRY = re.compile(r"^(config\.yaml|metrics\.jsonl|tensorboard|\.(config\.yaml|metrics\.jsonl)\.tmp"
+                        r"|(\.tmp_|\.old_)?step_\d{6,})$")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", default="runs/demo", help="where the checkpoint and metrics go (default: runs/demo)")
+    p.add_argument("--run-dir", default="runs/demo",
+                   help="where the checkpoint and metrics go, replacing an earlier run there; a folder that holds "
+                        "anything else is refused (default: runs/demo)")
     p.add_argument("--max-minutes", type=float, default=7.5,
                    help="stop training after this long whatever the schedule says (default 7.5)")
     p.add_argument("--no-progress", action="store_true")
@@ -29,26 +39,55 @@ def busy_machine() -> str:
             "on idle cores)") if load > cores else ""
 
 
+def not_replaceable(run_dir: Path) -> str | None:
+    """Why the demo must not replace `run_dir`, or None when it may: it does not exist, is empty, or holds
+    nothing but a learntok run. Anything else may be the user's, and the demo deletes what it replaces."""
+    if not run_dir.exists():
+        return None
+    if not run_dir.is_dir():
+        return f"--run-dir {run_dir} is a file, not a folder; choose another --run-dir"
+    others = sorted(p.name for p in run_dir.iterdir() if not _RUN_ENTRY.match(p.name))
+    if not others:
+        return None
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    return (f"--run-dir {run_dir} holds files that a learntok run does not write ({shown}); the demo replaces its "
+            f"run directory, so it leaves this one alone: choose another --run-dir (or move those files out of it)")
+
+
+def error(message: str) -> int:
+    print(f"learntok demo: error: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     from ..analysis import analyse
     from ..data.demo import build_demo_corpus, showcase_paragraph
-    from ..config import load_config
+    from ..config import ConfigError, load_config
     from ..display import legend, render, segment, use_colour
     from ..eval.sequences import evaluate
     from ..train.trainer import Trainer
 
     t0 = time.perf_counter()
-    cfg = load_config("cpu_default", args.overrides)
+    try:
+        cfg = load_config("cpu_default", args.overrides)
+    except ConfigError as e:
+        return error(str(e))
+    run_dir = Path(args.run_dir)
+    refusal = not_replaceable(run_dir)
+    if refusal is not None:
+        return error(refusal)
     t = cfg.train
     print(f"learntok demo: a {cfg.boundaries.name!r}-boundary U-Net (d={cfg.model.d_model}, "
           f"{cfg.model.n_down_layers}/{cfg.model.n_mid_layers}/{cfg.model.n_up_layers} layers) learns where tokens end,\n"
           f"trained for {t.training_bytes / 1e6:.1f}M bytes on English prose shipped with Python (help topics and\n"
           f"standard-library docstrings). About 4 minutes on 2 idle CPU cores; training stops at {args.max_minutes:g} "
           f"minutes at most, so the whole demo ends within 10.")
-    run_dir = Path(args.run_dir)
-    if run_dir.exists():  # the demo's own directory: start afresh rather than append to an old run
+    if run_dir.exists():  # an earlier run (or nothing): start afresh rather than append to it
         shutil.rmtree(run_dir)
-    trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
+    try:
+        trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
+    except ValueError as e:  # settings the trainer cannot run with here (model.attention=flex on a CPU)
+        return error(str(e))
     n_params = sum(p.numel() for p in trainer.model.parameters())
     print(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters, {trainer.total_steps} steps of "
           f"{t.batch_size} x {t.seq_len} bytes, run directory {args.run_dir}\n")

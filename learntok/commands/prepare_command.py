@@ -3,7 +3,13 @@
 Boundaries that come with the data: `--bpe-rate 0.2` (BPE guidance, strategy `bpe`; or later, on an
 existing dataset: `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`), and a user's segmentation
 (strategy `file`): `--boundary-field FIELD` (JSON Lines: token end byte offsets) or
-`--boundary-separator SEP` (cuts marked in the text)."""
+`--boundary-separator SEP` (cuts marked in the text).
+
+`--overwrite` replaces only a prepared dataset (a folder with meta.json), and never one that is, holds or lies
+inside an input.
+
+Exit status: 0 done, 1 input that cannot be read or yields no document, 2 bad arguments (no INPUT, an --out
+that exists and may not be replaced)."""
 
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw-doc-bytes", type=_size, default=None,
                         help="raw format: cut the byte stream into documents of this size (default: whole file)")
     parser.add_argument("--hf-split", default="train", help="hf format: split of the source dataset (default: train)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it is a prepared dataset (never another folder, nor an input)")
     bnd = parser.add_argument_group("boundaries supplied with the data (strategies bpe and file)")
     bnd.add_argument("--bpe-rate", type=float, default=None, metavar="RATE",
                      help="fit a byte-level BPE to the training split at this many tokens per byte (e.g. 0.2), save "
@@ -91,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         summary = prepare(opts)
-    except (DataFormatError, FileNotFoundError, FileExistsError, ImportError, ValueError, ShardError) as e:
+    except FileExistsError as e:  # an --out that exists and may not be replaced: bad arguments
+        print(f"learntok prepare: error: {e}", file=sys.stderr)
+        return 2
+    except (DataFormatError, FileNotFoundError, ImportError, ValueError, ShardError) as e:
         # Expected failures (bad input, wrong options): one clear line, no traceback.
         print(f"learntok prepare: error: {e}", file=sys.stderr)
         # Only for malformed lines: for a wrong field, skipping would skip every record.

@@ -1,6 +1,7 @@
 """Running a comparison: its settings, the FLOPs budget's plan, one strategy's training run (reused or
-resumed when the report folder already holds it), the BPE reference every run is measured against, and
-the paragraph every model segments. See `learntok.compare` for the method."""
+resumed when the report folder already holds it with the same config and budget, refused when it holds it
+with others), the BPE reference every run is measured against, and the paragraph every model segments. See
+`learntok.compare` for the method."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ..boundaries import BPE_GUIDANCE, FIXED_RATE, STRATEGIES
-from ..config import RunConfig, load_config, to_dict
+from ..boundaries import BPE_GUIDANCE, FIXED_RATE, STRATEGIES, check
+from ..config import ConfigError, RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
 from ..eval.sequences import evaluate
+from ..train.checkpoint import config_differences
 from ..train.metrics import read_metrics
 from ..train.trainer import Trainer, build_model
 
@@ -120,7 +122,13 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     if strategy not in STRATEGIES:
         result.message = f"not registered in learntok.boundaries.STRATEGIES (available: {', '.join(sorted(STRATEGIES))})"
         return result
-    if (run_dir / "result.json").exists():
+    cfg = run_config(settings, strategy, seed)
+    cfg.train.flops_budget = settings.flops
+    finished = (run_dir / "result.json").exists()
+    resume = bool(ckpt_io.list_checkpoints(run_dir))
+    if finished or resume:  # only the run this command asks for may be reused or continued
+        check_same_run(run_dir, cfg)
+    if finished:
         saved = json.loads((run_dir / "result.json").read_text())
         log(f"  reusing the finished run in {run_dir}")
         return RunResult(**saved)
@@ -128,7 +136,6 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     if owner is not None:
         result.message = f"being trained by another process (pid {owner}); run the command again once it has finished"
         return result
-    cfg = run_config(settings, strategy, seed)
     result.train_seed = cfg.train.seed
     try:
         data = make_data(cfg)
@@ -138,10 +145,8 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     per_byte = flops_per_byte(build_model(cfg), data.val[:2], seed=cfg.train.seed)
     t = cfg.train
     t.training_bytes = settings.flops / per_byte
-    t.flops_budget = settings.flops
     steps = max(1, math.ceil(t.training_bytes / (t.batch_size * t.seq_len)))
     t.eval_every = max(1, steps // max(1, settings.eval_points))
-    resume = bool(ckpt_io.list_checkpoints(run_dir)) if run_dir.exists() else False
     log(f"  {per_byte / 1e6:.3f} MFLOPs per byte on the fresh model -> about {t.training_bytes / 1e6:.2f}M bytes, "
         f"{steps} steps; held-out evaluation every {t.eval_every} steps" + (" (resuming)" if resume else ""))
     start = time.perf_counter()
@@ -179,6 +184,33 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     (run_dir / "segmentation.json").write_text(json.dumps(segmentation.to_json()))
     (run_dir / "result.json").write_text(json.dumps(asdict(result)))
     return result
+
+
+# keys of a run's config that do not tell which run it is: the plan, which follows from the budget and the
+# rest of the config (and the trainer re-plans as it goes), the spacing of the held-out curve, and how the
+# run is computed (threads, device, compilation, TensorBoard)
+NOT_COMPARED = ("train.training_bytes", "train.eval_every", "train.threads", "train.device", "train.compile",
+                "train.tensorboard")
+
+
+def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
+    """Raise ConfigError unless the run in `run_dir` (its config.yaml) is the one `cfg` asks for: reusing or
+    continuing another would report its results under this command's settings."""
+    remedy = f"give another --out, or remove {run_dir} to train that run anew"
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} holds a run without config.yaml, so whether it is the run asked for cannot be "
+                          f"told; {remedy}")
+    try:
+        saved_cfg = load_config(run_dir / "config.yaml")
+        check(saved_cfg.boundaries)  # both configs with every strategy option spelled out, as runs save them
+    except ConfigError as e:
+        raise ConfigError(f"{run_dir}/config.yaml cannot be read ({e}); {remedy}") from None
+    check(cfg.boundaries)
+    diffs = [d for d in config_differences(to_dict(saved_cfg), to_dict(cfg)) if d[0] not in NOT_COMPARED]
+    if diffs:
+        detail = "; ".join(f"{key}: {a!r} there, {b!r} asked for" for key, a, b in diffs)
+        raise ConfigError(f"{run_dir} holds a run with other settings than this command's ({detail}), whose results "
+                          f"would be reported as this command's; {remedy}")
 
 
 OWNER_FILE = ".training_pid"  # in a run directory while a compare process trains it

@@ -100,6 +100,14 @@ def _check(opts: PrepareOptions) -> None:
             detect_format(item)
         elif opts.format != "hf" and not Path(item).exists():
             raise FileNotFoundError(f"{item}: no such file or folder")
+    if Path(opts.out).exists():  # what --overwrite would replace must not be, hold or lie inside an input
+        out = Path(opts.out).resolve()
+        for item in opts.inputs:
+            source = Path(item).resolve()
+            if Path(item).exists() and (out.is_relative_to(source) or source.is_relative_to(out)):
+                where = "is" if out == source else "lies inside" if out.is_relative_to(source) else "holds"
+                raise FileExistsError(f"--out {opts.out} {where} the input {item}; prepare never replaces its own "
+                                      "input: choose another --out, apart from the inputs")
 
 
 def prepare(opts: PrepareOptions) -> dict[str, Any]:

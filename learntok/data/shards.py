@@ -174,11 +174,17 @@ class SplitWriter:
 class DatasetWriter:
     """Writes a prepared dataset atomically: everything goes into a hidden temporary folder next to
     `out`, which `commit` renames to `out`. Use as a context manager so that an error removes the
-    temporary folder."""
+    temporary folder. An existing `out` is replaced only with `overwrite`, and only if it is a prepared
+    dataset or an empty folder: anything else may be the user's."""
 
     def __init__(self, out: str | Path, shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
                  tracks: tuple[str, ...] = ()):
         self.out = Path(out)
+        empty = self.out.is_dir() and not any(self.out.iterdir())
+        if self.out.exists() and not (empty or is_prepared(self.out)):  # the user's files: never replaced
+            raise FileExistsError(f"{self.out} exists and is not a prepared dataset (it has no meta.json of learntok "
+                                  "prepare); --overwrite replaces only a prepared dataset or an empty folder: choose "
+                                  "another --out")
         if self.out.exists() and not overwrite:
             raise FileExistsError(f"{self.out} already exists; pass --overwrite to replace it")
         self.overwrite = overwrite
@@ -229,6 +235,16 @@ class DatasetWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None or self.tmp.exists():
             self.abort()
+
+
+def is_prepared(path: str | Path) -> bool:
+    """Whether `path` is a folder with the meta.json of a prepared dataset (of any format version, so that an
+    old one can be replaced)."""
+    try:
+        meta = json.loads((Path(path) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -372,6 +388,9 @@ def add_track(path: str | Path, name: str, compute, info: dict[str, Any], batch_
 
 def _open_shard(folder: Path, i: int, entry: dict[str, Any]) -> Shard:
     """Open and check one shard against its index and meta entry."""
+    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("bytes_file", "index_file"))
+            and all(isinstance(entry.get(k), int) for k in ("documents", "bytes"))):
+        raise ShardError(f"meta.json's entry for shard {i} of {folder} is malformed ({entry!r}); re-run learntok prepare")
     bin_path, index_path = folder / entry["bytes_file"], folder / entry["index_file"]
     for p in (bin_path, index_path):
         if not p.exists():
