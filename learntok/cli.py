@@ -35,11 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     available = {name: sub.add_parser(name, help=help_text, description=help_text) for name, help_text in COMMANDS.items()}
     argv = sys.argv[1:] if argv is None else argv
-    # Only the chosen command's module is imported to add its arguments.
     if argv and argv[0] in available:
+        # Only the chosen command's module is imported to add its arguments. Its own parser reads the rest,
+        # options and positionals in any order (`score RUN --samples 2 TEXT`, `train --config F k=v --run-dir D k=v`).
         module = _command(argv[0])
         module.add_arguments(available[argv[0]])
-    args = parser.parse_args(argv)
+        args = available[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+    else:
+        args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
@@ -52,6 +56,25 @@ def main(argv: list[str] | None = None) -> int:
         # the reader of the output has gone (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush then writes nowhere
         return 1
+    except Exception as e:
+        if not isinstance(e, _user_errors()):
+            raise
+        # bad input that a command did not catch itself: its message says what is wrong, a traceback would not
+        print(f"learntok {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors that describe a user's input (a file, a config, a checkpoint, data) rather than a fault of
+    learntok, each with a message that names what is wrong."""
+    from .config import ConfigError
+    from .data.readers import DataFormatError
+    from .data.shards import ShardError
+    from .eval.benchmarks import BenchmarkFormatError
+    from .train.checkpoint import CheckpointError
+
+    return (ConfigError, CheckpointError, DataFormatError, ShardError, BenchmarkFormatError, FileNotFoundError,
+            IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 def _reader_gone(stream) -> bool:

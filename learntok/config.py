@@ -3,7 +3,8 @@
 A run is described by `RunConfig` (model, boundaries, training, data). YAML files list only what they
 change from the defaults; `key=value` overrides on the command line use dotted paths
 (`train.lr=3e-3`, `boundaries.name=uniform`, `boundaries.entropy.mode=monotonic`). Unknown keys and wrong
-types are errors that name the key and the nearest valid one. The resolved config is saved with every run
+types are errors that name the key and the nearest valid one; a value out of range names `section.key=value`
+and its range (`RANGES`); a file that is not YAML, its line. The resolved config is saved with every run
 and checkpoint.
 
 This is the bottom layer: it does not import the boundary strategies, so it keeps their option sections
@@ -18,7 +19,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,11 +300,18 @@ def _nest(dotted: str, value: Any) -> dict:
 
 
 def parse_override(text: str) -> dict:
-    """`train.lr=3e-3` -> {'train': {'lr': '3e-3'}} (the value is typed against the field later)."""
+    """`train.lr=3e-3` -> {'train': {'lr': '3e-3'}}: the value read as YAML, typed against the field later.
+
+    A value that is not valid YAML (`data.source=@x`, `train.lr=[`) is taken as the string it is: a string
+    field then gets what was typed, any other field names the key and the value it cannot use."""
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key=value")
     key, value = text.split("=", 1)
-    return _nest(key.strip(), yaml.safe_load(value) if value.strip() else "")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return _nest(key.strip(), parsed)
 
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -321,14 +329,36 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     raise ConfigError(f"config '{name_or_path}' is neither a file nor a shipped config ({', '.join(names)})")
 
 
+def read_yaml(path: Path) -> Any:
+    """The data of the YAML file `path`. A file that cannot be read, is not UTF-8 or is not valid YAML is a
+    ConfigError naming the file and the line at fault (yaml's own message names only `<unicode string>`)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:  # a directory, no permission
+        raise ConfigError(f"{path}: cannot read it ({e.strerror}); give a YAML file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}, line {line}: not UTF-8 text; a config is a YAML text file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)  # syntax errors have a mark; a refused character a position
+        line = mark.line + 1 if mark else text.count("\n", 0, getattr(e, "position", 0)) + 1
+        problem = getattr(e, "problem", None) or getattr(e, "reason", None) or type(e).__name__
+        raise ConfigError(f"{path}, line {line}: not valid YAML: {problem}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> RunConfig:
-    """Defaults, then the YAML file, then the overrides; validated at each step."""
+    """Defaults, then the YAML file, then the overrides; then validated. Errors from the file name it."""
     cfg = RunConfig()
     if path is not None:
         resolved = resolve_config_path(path)
-        data = yaml.safe_load(resolved.read_text()) or {}
+        data = read_yaml(resolved) or {}  # an empty file changes nothing
         if not isinstance(data, dict):
-            raise ConfigError(f"{resolved}: expected a mapping at the top level")
+            raise ConfigError(f"{resolved}: expected a mapping of sections (model:, train:, ...) at the top level, "
+                              f"got a {type(data).__name__}")
         try:
             _apply(cfg, data)
         except ConfigError as e:
@@ -349,37 +379,65 @@ def from_dict(data: dict) -> RunConfig:
     return cfg
 
 
+# The numbers each key takes, checked before the cross-field checks (which divide by some of them). Every
+# float must also be finite: YAML reads 1e400 as inf. A key that allows None (its "off" value) is not
+# checked then. 0 is "off" or "the default" for eval_every, checkpoint_every, keep_checkpoints, threads
+# and grad_clip; model.word_start_until_bytes is checked with model.lambda_word_start in `validate`.
+RANGES: list[tuple[str, Callable[[float], bool], list[str]]] = [
+    ("must be >= 1", lambda v: v >= 1,
+     ["model.d_model", "model.n_heads", "model.window", "model.token_multiple", "boundaries.group_size",
+      "train.batch_size", "train.micro_batches", "train.max_bad_steps", "train.log_every", "train.eval_batches"]),
+    ("must be >= 2", lambda v: v >= 2, ["train.seq_len"]),  # BOS + at least one byte
+    ("must be >= 0", lambda v: v >= 0,
+     ["model.n_down_layers", "model.n_mid_layers", "model.n_up_layers", "model.init_std", "model.lambda_early",
+      "model.lambda_word_start", "train.warmup_bytes", "train.weight_decay", "train.grad_clip", "train.eval_every",
+      "train.checkpoint_every", "train.keep_checkpoints", "train.threads"]),
+    ("must be > 0", lambda v: v > 0,
+     ["model.byte_mlp_mult", "model.token_mlp_mult", "model.attn_softcap", "model.final_softcap",
+      "model.rope_theta", "train.lr", "train.training_bytes", "train.flops_budget"]),
+    ("must lie strictly between 0 and 1", lambda v: 0 < v < 1, ["boundaries.target_rate", "data.val_fraction"]),
+    ("must lie in [0, 1]", lambda v: 0 <= v <= 1, ["train.min_lr_ratio"]),
+    ("must lie in [0, 1)", lambda v: 0 <= v < 1, ["train.beta1", "train.beta2"]),  # AdamW's betas
+    # numpy's generators take no negative seed; below 2**63 leaves room for seed + 1 and compare's seed + i
+    ("must lie in [0, 2**63)", lambda v: 0 <= v < 2**63, ["train.seed", "train.sample_seed"]),
+]
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    """A ConfigError naming `section.key=value` and its range for the first value out of `RANGES`."""
+    for rule, ok, keys in RANGES:
+        for key in keys:
+            section, name = key.split(".")
+            value = getattr(getattr(cfg, section), name)
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                problem = "must be a finite number"
+            elif not ok(value):
+                problem = rule
+            else:
+                continue
+            nullable = type(None) in typing.get_args(_field_types(type(getattr(cfg, section)))[name])
+            raise ConfigError(f"{key}={value} {problem}" + (" (or null)" if nullable else ""))
+
+
 def validate(cfg: RunConfig) -> None:
-    """Cross-field checks that types alone cannot express."""
-    m, b, t = cfg.model, cfg.boundaries, cfg.train
+    """Each number in its range (`RANGES`), then cross-field checks that types alone cannot express."""
+    _check_ranges(cfg)
+    m, t = cfg.model, cfg.train
     if m.d_model % m.n_heads or (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.d_model={m.d_model} must split into n_heads={m.n_heads} heads of even size")
     if m.attention not in ("blocked", "flex"):
         raise ConfigError(f"model.attention={m.attention!r}: use blocked or flex")
-    if not 0.0 < b.target_rate < 1.0:
-        raise ConfigError(f"boundaries.target_rate={b.target_rate} must lie strictly between 0 and 1")
-    if b.group_size < 1:
-        raise ConfigError(f"boundaries.group_size={b.group_size} must be >= 1")
     if m.word_start_until_bytes is not None and not (m.lambda_word_start and m.word_start_until_bytes > 0
                                                      and math.isfinite(m.word_start_until_bytes)):
         raise ConfigError(f"model.word_start_until_bytes={m.word_start_until_bytes} ends the word-start probe: "
                           "it must be a number > 0 and model.lambda_word_start > 0 (or null: no end)")
-    if t.seq_len < 2 or t.batch_size < 1:
-        raise ConfigError("train.seq_len must be >= 2 and train.batch_size >= 1")
-    if t.micro_batches < 1 or t.batch_size % t.micro_batches:
-        raise ConfigError(f"train.micro_batches={t.micro_batches} must be >= 1 and divide "
-                          f"train.batch_size={t.batch_size}")
+    if t.batch_size % t.micro_batches:
+        raise ConfigError(f"train.micro_batches={t.micro_batches} must divide train.batch_size={t.batch_size}")
     if t.parallel not in ("none", "ddp", "fsdp"):
         raise ConfigError(f"train.parallel={t.parallel!r}: use none, ddp or fsdp")
     if t.precision not in ("fp32", "bf16"):
         raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
-    if t.max_bad_steps < 1:
-        raise ConfigError(f"train.max_bad_steps={t.max_bad_steps} must be >= 1")
-    if t.log_every < 1 or t.checkpoint_every < 0 or t.eval_every < 0 or t.keep_checkpoints < 0:
-        raise ConfigError("train.log_every must be >= 1; checkpoint_every, eval_every, keep_checkpoints >= 0")
-    if t.flops_budget is not None and t.flops_budget <= 0:
-        raise ConfigError(f"train.flops_budget={t.flops_budget} must be > 0 (or none)")
-    if t.training_bytes <= 0 or t.warmup_bytes < 0 or t.lr <= 0:
-        raise ConfigError("train.training_bytes and train.lr must be > 0, train.warmup_bytes >= 0")
     if cfg.data.mode not in ("paper", "packed"):
         raise ConfigError(f"data.mode={cfg.data.mode!r}: use paper or packed")

@@ -62,6 +62,16 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator | None, *, temp
     return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[:, 0]
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """A ValueError for settings `sample_next` has no meaning for (it would draw greedily or fail mid-way)."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 1 (0 or None: no limit), got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must lie in (0, 1] (1 or None: no limit), got {top_p}")
+
+
 @functools.cache
 def _suppressed(allow_eos: bool, device: torch.device) -> torch.Tensor:
     """(V,) bool: the bytes `sample_next` never draws."""
@@ -131,6 +141,9 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
         return []
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    check_sampling(temperature, top_k, top_p)
+    if threads is not None and threads < 0:
+        raise ValueError(f"threads must be >= 0 (0 or None: torch's setting), got {threads}")
     if batched and not use_cache:
         raise ValueError("use_cache=False generates one prompt at a time")
     if compile and not use_cache:
@@ -364,7 +377,8 @@ class Score:
 
     @property
     def bpb(self) -> float:
-        return self.bits / max(self.n_bytes, 1)
+        """Bits per byte; NaN for an empty text, which has no byte to predict."""
+        return self.bits / self.n_bytes if self.n_bytes else math.nan
 
 
 def score(model, text: str | bytes, *, seed: int = 0, samples: int = 1, context: int | None = None) -> Score:

@@ -303,6 +303,8 @@ def read_config(directory: str | Path) -> tuple[RunConfig, dict]:
     missing = [k for k in ("model", "boundaries") if not isinstance(meta.get(k), dict)]
     if missing:
         raise ModelLoadError(f"{path}: the config has no {' or '.join(missing)} section")
+    if not isinstance(meta.get("training") or {}, dict):
+        raise ModelLoadError(f"{path}: its 'training' facts are not a mapping")
     try:
         cfg = from_dict({k: meta[k] for k in _CONFIG_SECTIONS if isinstance(meta.get(k), dict)})
     except ConfigError as e:

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from conftest import flat_config, tiny_config
 from test_train import memory_data, tiny_trainer
 
+from learntok.config import to_dict
 from learntok.unet import ByteUNet
 from learntok.train import checkpoint as ckpt_io
 from learntok.train.checkpoint import CheckpointError, load_model
@@ -139,6 +140,38 @@ def test_corrupt_or_missing_state_gives_a_clear_error(run):
     (ckpt / "state.json").unlink()
     with pytest.raises(CheckpointError, match=r"missing state.json"):
         ckpt_io.read_state(ckpt)
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda s: s.update(step="4"), "its step is not an integer"),
+    (lambda s: s.update(config=[1, 2]), "its config is not a mapping"),
+    (lambda s: s.update(files="model.safetensors"), "its list of files is malformed"),
+    (lambda s: s["files"].update({"model.safetensors": {"sha256": "00"}}), "its list of files is malformed"),
+], ids=["step", "config", "files", "file_entry"])
+def test_a_hand_edited_state_says_which_field_is_wrong(run, edit, problem):
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    state = json.loads((ckpt / "state.json").read_text())
+    edit(state)
+    (ckpt / "state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=rf"step_000004/state.json is corrupt: {problem} \(earlier checkpoints"):
+        load_model(ckpt)
+
+
+def test_a_strategys_own_file_is_checked_like_the_weights(tmp_path):
+    """A checkpoint's BPE tokenizer is checksummed like its tensors, and a damaged one says so."""
+    pytest.importorskip("tokenizers")
+    from learntok.data.bpe import train_bpe
+
+    cfg = tiny_config(name="bpe")
+    model = ByteUNet(cfg.model, cfg.boundaries)
+    model.boundaries.keep_segmenter(train_bpe([b"the cat sat on the mat " * 20], vocab_size=300))
+    ckpt = ckpt_io.save_checkpoint(tmp_path, 1, model, None, {"config": to_dict(cfg)},
+                                   extra=model.boundaries.save_files)
+    assert load_model(ckpt)[0].boundaries.segmenter is not None
+    tokenizer = ckpt / "bpe_tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text()[:12])
+    with pytest.raises(CheckpointError, match=r"bpe_tokenizer.json is truncated or damaged: 12 bytes"):
+        load_model(ckpt)
 
 
 def test_resuming_on_another_kind_of_device_says_so(run):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 import torch
 
 from learntok import boundaries
 from learntok.boundaries.learned import LearnedPolicy
-from learntok.config import CONFIG_DIR, ConfigError, from_dict, load_config, parse_override, to_dict
+from learntok.config import CONFIG_DIR, RANGES, ConfigError, RunConfig, from_dict, load_config, parse_override, to_dict
 from learntok.unet import ByteUNet
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -66,6 +68,76 @@ def test_overrides_are_typed_against_the_field():
 def test_cross_field_checks():
     assert "micro_batches" in error_of(None, ["train.batch_size=8", "train.micro_batches=3"])
     assert "max_bad_steps" in error_of(None, ["train.max_bad_steps=0"])
+
+
+# --- values out of range, files that are not YAML ------------------------------------------------------
+
+@pytest.mark.parametrize("override, message", [
+    ("model.n_heads=0", "model.n_heads=0 must be >= 1"),  # was a ZeroDivisionError in validate itself
+    ("model.d_model=0", "model.d_model=0 must be >= 1"),
+    ("model.window=0", "model.window=0 must be >= 1"),
+    ("model.window=-1", "model.window=-1 must be >= 1"),
+    ("model.n_down_layers=-1", "model.n_down_layers=-1 must be >= 0"),
+    ("model.attn_softcap=0", "model.attn_softcap=0.0 must be > 0 (or null)"),
+    ("model.token_mlp_mult=0", "model.token_mlp_mult=0.0 must be > 0"),
+    ("train.seed=-1", "train.seed=-1 must lie in [0, 2**63)"),
+    ("train.sample_seed=-1", "train.sample_seed=-1 must lie in [0, 2**63) (or null)"),
+    ("train.training_bytes=1e400", "train.training_bytes=inf must be a finite number"),  # YAML reads 1e400 as inf
+    ("train.lr=inf", "train.lr=inf must be a finite number"),
+    ("train.lr=nan", "train.lr=nan must be a finite number"),
+    ("train.lr=0", "train.lr=0.0 must be > 0"),
+    ("train.eval_batches=0", "train.eval_batches=0 must be >= 1"),
+    ("train.threads=-2", "train.threads=-2 must be >= 0"),
+    ("train.seq_len=1", "train.seq_len=1 must be >= 2"),
+    ("train.min_lr_ratio=2", "train.min_lr_ratio=2.0 must lie in [0, 1]"),
+    ("train.beta2=1", "train.beta2=1.0 must lie in [0, 1)"),
+    ("data.val_fraction=1.5", "data.val_fraction=1.5 must lie strictly between 0 and 1"),
+    ("data.val_fraction=0", "data.val_fraction=0.0 must lie strictly between 0 and 1"),
+    ("data.val_fraction=-0.1", "data.val_fraction=-0.1 must lie strictly between 0 and 1"),
+    ("boundaries.target_rate=1", "boundaries.target_rate=1.0 must lie strictly between 0 and 1"),
+])
+def test_a_value_out_of_range_names_the_key_and_the_range(override, message):
+    assert error_of("cpu_default", [override]) == message
+
+
+def test_the_values_that_mean_off_or_the_default_are_valid():
+    cfg = load_config("cpu_default", ["train.eval_every=0", "train.checkpoint_every=0", "train.keep_checkpoints=0",
+                                      "train.threads=0", "train.grad_clip=0", "model.n_mid_layers=0",
+                                      "model.attn_softcap=none", "model.final_softcap=null", "train.flops_budget=none",
+                                      "train.sample_seed=none", "train.warmup_bytes=0", "model.lambda_early=0"])
+    assert cfg.train.threads == 0 and cfg.model.attn_softcap is None
+
+
+def test_every_number_in_the_config_has_a_range():
+    """A new numeric field needs its range in `RANGES` (or a check of its own in `validate`)."""
+    numbers = {f"{section}.{name}" for section, cls in typing.get_type_hints(RunConfig).items()
+               for name, tp in typing.get_type_hints(cls).items() if {int, float} & {tp, *typing.get_args(tp)}}
+    ranged = {key for _, _, keys in RANGES for key in keys}
+    assert numbers - ranged == {"model.word_start_until_bytes"}  # checked with model.lambda_word_start
+    assert ranged <= numbers
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"train:\n  lr: 1e-3\n   seq_len: 5\n", ", line 3: not valid YAML: mapping values are not allowed here"),
+    (b"train: [\n", ", line 2: not valid YAML: expected the node content, but found '<stream end>'"),
+    (b"train:\n  lr: \x00\n", ", line 2: not valid YAML: special characters are not allowed"),
+    (b"train:\n  lr: 1e-3\n\xff\xfe\n", ", line 3: not UTF-8 text; a config is a YAML text file"),
+    (b"- a\n- b\n", ": expected a mapping of sections (model:, train:, ...) at the top level, got a list"),
+])
+def test_a_file_that_is_not_a_yaml_config_names_the_file_and_line(tmp_path, content, message):
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(content)
+    assert error_of(path) == f"{path}{message}"
+
+
+def test_a_directory_given_as_the_config_is_a_config_error(tmp_path):
+    assert error_of(tmp_path) == f"{tmp_path}: cannot read it (Is a directory); give a YAML file"
+
+
+def test_an_override_value_that_is_not_yaml_is_taken_as_its_text():
+    # a string field gets what was typed; any other field names the key and the value it cannot use
+    assert load_config(None, ["data.source=@x"]).data.source == "@x"
+    assert error_of(None, ["train.lr=["]) == "train.lr: expected a number, got '['"
 
 
 # --- the strategies' option sections -----------------------------------------------------------------

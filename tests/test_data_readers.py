@@ -180,6 +180,14 @@ def test_parquet_null_is_bad_row(tmp_path):
     assert stats.bad_lines == 1
 
 
+def test_a_file_that_is_not_parquet_is_named(tmp_path):
+    pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "notes.parquet"
+    path.write_text("plain text, not Parquet")
+    with pytest.raises(DataFormatError, match=r"notes\.parquet: not a readable Parquet file"):
+        list(iter_documents(path))
+
+
 def test_hf_save_to_disk(tmp_path):
     datasets = pytest.importorskip("datasets")
     ds = datasets.DatasetDict({

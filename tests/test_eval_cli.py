@@ -201,6 +201,12 @@ def test_errors(capsys, run_dir, tmp_path):
     assert code == 2 and "missing" in err
     code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "mmlu")
     assert code == 2 and "unknown task" in err
+    (tmp_path / "empty.txt").write_text("")
+    code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--data", tmp_path / "empty.txt")
+    assert code == 2 and "error: held-out text:" in err and "no non-empty document" in err
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": \n')
+    code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--data", tmp_path / "bad.jsonl")
+    assert code == 2 and "bad.jsonl:2: invalid JSON" in err
 
 
 @pytest.mark.slow

@@ -144,6 +144,7 @@ def test_config_problems(saved):
         (lambda m: m["boundaries"].update(name="not_a_strategy"), "cannot build.*not_a_strategy"),
         (lambda m: m.pop("boundaries"), "no boundaries section"),
         (lambda m: (m.pop("format_version"), m.pop("model_type")), "not a learntok config"),
+        (lambda m: m.update(training=[1, 2]), "its 'training' facts are not a mapping"),
     ]
     for change, message in cases:
         (saved / "config.json").write_text(original)

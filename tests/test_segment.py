@@ -2,6 +2,8 @@
 
 import gzip
 import json
+import math
+import os
 import re
 import shutil
 import subprocess
@@ -253,8 +255,8 @@ def test_score_command(model_dir, model, tmp_path, capsys):
     printed = capsys.readouterr()
     assert "total (2 documents" in printed.out
     assert "each document from its start, in windows of" in printed.err  # which estimator
-    with pytest.raises(SystemExit, match="no string field 'text'"):
-        main(["score", str(model_dir), "--file", str(jsonl)])
+    assert main(["score", str(model_dir), "--file", str(jsonl)]) == 2
+    assert f"{jsonl}:1: no field 'text'" in capsys.readouterr().err
 
 
 def test_generate_command(model_dir, capsys):
@@ -295,3 +297,49 @@ def test_a_broken_pipe_that_is_not_the_output_is_an_error(monkeypatch):
     monkeypatch.setattr(cli, "_command", lambda name: types.SimpleNamespace(add_arguments=lambda p: None, run=run))
     with pytest.raises(BrokenPipeError, match="worker"):
         cli.main(["segment"])
+
+
+# --- bad input on the command line: one line saying what is wrong, no traceback --------------------
+
+def test_options_may_come_between_a_commands_positionals(model_dir, capsys):
+    assert main(["score", str(model_dir), "--samples", "2", "hello"]) == 0
+    assert "text 1: 'hello'" in capsys.readouterr().out
+    assert main(["segment", str(model_dir), "--seed", "3", "hello", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == "hello"
+
+
+def test_score_reads_a_bad_file_or_an_empty_document_as_the_user_means(model_dir, model, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": 3}\n')
+    assert main(["score", str(model_dir), "--file", str(bad)]) == 2
+    assert f"{bad}:2: field 'text' is int, not a string" in capsys.readouterr().err
+    # an empty document has no bpb and no part in the mean over documents
+    assert main(["score", str(model_dir), "", "hello", "hello world", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[0]["bpb"] is None and rows[-1]["documents"] == 3
+    assert rows[-1]["mean_document_bpb"] == pytest.approx((rows[1]["bpb"] + rows[2]["bpb"]) / 2)
+    assert math.isnan(score(model, "").bpb)
+    with pytest.raises(SystemExit, match="--samples, --batch-size and --context must be >= 1"):
+        main(["score", str(model_dir), "hello", "--context", "-3"])
+    # the bytes typed, also when they are not UTF-8 (a Latin-1 terminal): as the shell passes them
+    assert main(["score", str(model_dir), os.fsdecode(b"caf\xe9"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["bytes"] == 4
+
+
+def test_generate_refuses_settings_it_cannot_sample_with_before_it_prints(model_dir, capsys):
+    for flags, message in ((["--top-p", "1.5"], "top_p must lie in"), (["-t", "nan"], "temperature must be"),
+                           (["--top-k", "-3"], "top_k must be")):
+        with pytest.raises(SystemExit, match=message):
+            main(["generate", str(model_dir), "-n", "3", *flags])
+        assert capsys.readouterr().out == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_a_device_the_machine_lacks_is_named(model_dir):
+    from learntok.train.distributed import resolve_device
+
+    with pytest.raises(SystemExit, match="device 'cuda': this PyTorch sees no CUDA GPU"):
+        main(["score", str(model_dir), "hello", "--device", "cuda"])
+    with pytest.raises(ValueError, match="device 'gpu'"):
+        resolve_device("gpu")
+    assert resolve_device("auto") == torch.device("cpu")

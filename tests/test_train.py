@@ -397,7 +397,10 @@ def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
     assert state["data"]["position"] == 20 or state["data"]["epoch"] > 0  # 5 steps x 4 sequences
     # another model size cannot continue this run, and says why
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "model.d_model=64"]) == 2
-    assert "model.d_model: checkpoint 32, requested 64" in capsys.readouterr().out
+    assert "model.d_model: checkpoint 32, requested 64" in capsys.readouterr().err
+    # nor another kind of data source, whose stream has another state
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "data.source=demo"]) == 2
+    assert "data.source='demo' is another kind of source; resume with the one it trained on" in capsys.readouterr().err
     # resume with a longer schedule: continues from step 5 on the next sequences
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=2560"]) == 0
     out = capsys.readouterr().out
@@ -410,7 +413,7 @@ def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
 def test_missing_data_directory_says_how_to_make_one(tmp_path, capsys):
     assert cli_main(["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "r"), "--no-progress",
                      f"data.source={tmp_path / 'nowhere'}"]) == 2
-    assert "learntok prepare" in capsys.readouterr().out
+    assert "learntok prepare" in capsys.readouterr().err
 
 
 # --- metrics -------------------------------------------------------------------------------------

@@ -89,4 +89,7 @@ class BpeGuidance(SuppliedBoundaries):
         path = Path(directory) / SEGMENTER_FILE
         if path.exists():
             from ..data.bpe import BpeSegmenter
-            self.segmenter = BpeSegmenter.load(path)
+            try:
+                self.segmenter = BpeSegmenter.load(path)
+            except Exception as e:  # tokenizers raises a bare Exception that names no file
+                raise ValueError(f"{path}: not a readable BPE tokenizer ({e})") from None

@@ -69,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
-        print("error: --strategies lists no strategy")
+        print("error: --strategies lists no strategy", file=sys.stderr)
         return 2
     if min(args.seeds, args.eval_points, args.eval_samples, args.analysis_samples, args.heldout_sequences) < 1:
-        print("error: --seeds, --eval-points, --eval-samples, --analysis-samples and --heldout-sequences must be >= 1")
+        print("error: --seeds, --eval-points, --eval-samples, --analysis-samples and --heldout-sequences must be >= 1",
+              file=sys.stderr)
         return 2
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             flops = budget_for_bytes(args.config, args.overrides, args.budget_bytes)
             print(f"budget: {flops:.4g} training FLOPs (the {FIXED_RATE} strategy over {args.budget_bytes:.4g} bytes)")
     except (ConfigError, FileNotFoundError, ValueError, OSError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     command = "learntok " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] else ""
     if not command:  # called as a function (tests): rebuild the line from the arguments

@@ -107,11 +107,15 @@ def run(args: argparse.Namespace) -> int:
     from ..eval.report import COLUMNS, render_json, render_markdown, write_report
     from ..eval.scorer import UNetScorer
     from ..train.checkpoint import CheckpointError
+    from ..train.distributed import resolve_device
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        args.device = resolve_device(args.device)
+    except ValueError as e:
+        _say(f"error: --device: {e}")
+        return 2
     if args.name and len(args.name) != len(args.checkpoint):
         _say(f"error: {len(args.name)} --name for {len(args.checkpoint)} --checkpoint")
         return 2
@@ -158,8 +162,12 @@ def run(args: argparse.Namespace) -> int:
                 trained_on = f"trained on {cfg.data.source!r}, which is not here" if cfg else "does not say what it trained on"
                 _say(f"error: {ckpt} {trained_on}; give --data")
                 return 2
-            heldout_docs, what = read_heldout(heldout_source, field=args.field, limit=args.max_docs,
-                                              max_bytes=args.max_bytes)
+            try:
+                heldout_docs, what = read_heldout(heldout_source, field=args.field, limit=args.max_docs,
+                                                  max_bytes=args.max_bytes)
+            except ValueError as e:  # no document, a malformed line (it names its file and line), ...
+                _say(f"error: held-out text: {e}")
+                return 2
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
             _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
@@ -175,7 +183,11 @@ def run(args: argparse.Namespace) -> int:
             if source is None:
                 _say("error: quantile mode needs text to calibrate on: give --calibration-data")
                 return 2
-            docs, what = read_heldout(source, field=args.field, max_bytes=1 << 16)
+            try:
+                docs, what = read_heldout(source, field=args.field, max_bytes=1 << 16)
+            except ValueError as e:
+                _say(f"error: calibration text: {e}")
+                return 2
             scorer.calibrate(docs, source=what)
             _say(f"{name}: threshold tau = {scorer.tau:.4f} gives rate {scorer.calibration['realised_rate']:.3f} "
                  f"on {scorer.calibration['bytes']:,} bytes of {what}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import os
 import sys
 import time
 
@@ -35,9 +36,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..display import legend, render, use_colour
-    from ..generation import generate
+    from ..generation import check_sampling, generate
 
+    try:  # before anything is printed
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    if args.max_bytes < 0 or args.threads < 0:
+        raise SystemExit(f"error: --max-bytes and --threads must be >= 0 (got {args.max_bytes}, {args.threads})")
     model = load(args.model, args.device)
+    prompt = os.fsencode(args.prompt)  # the bytes typed, also when they are not UTF-8
     out = sys.stdout
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two bytes
 
@@ -47,15 +55,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compile:  # compiled before the output starts, and timed apart
         t0 = time.perf_counter()
-        generate(model, args.prompt, max_bytes=1, seed=0, use_cache=True, stop_on_eos=False, threads=args.threads,
+        generate(model, prompt, max_bytes=1, seed=0, use_cache=True, stop_on_eos=False, threads=args.threads,
                  compile=True)
         print(f"[compiled the step in {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
-    out.write(args.prompt)
+    out.write(prompt.decode("utf-8", errors="replace"))
     out.flush()
     t0 = time.perf_counter()
-    result = generate(model, args.prompt, max_bytes=args.max_bytes, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache, stop_on_eos=not args.ignore_eos,
-                      on_bytes=emit, threads=args.threads, compile=args.compile)
+    try:
+        result = generate(model, prompt, max_bytes=args.max_bytes, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
+                          stop_on_eos=not args.ignore_eos, on_bytes=emit, threads=args.threads, compile=args.compile)
+    except NotImplementedError as e:  # a strategy that cannot generate (bpe, file), found before any byte is drawn
+        raise SystemExit(f"\nerror: {e}") from None
     seconds = time.perf_counter() - t0
     out.write(decoder.decode(b"", final=True) + "\n")
     if args.show_boundaries:

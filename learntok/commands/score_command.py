@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,35 +38,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def documents(texts: list[str], files: list[str], field: str, limit: int | None) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of every document: the TEXT arguments, then each file."""
+    """(name, bytes) of every document: the TEXT arguments, then each file. A malformed JSON line is a
+    `DataFormatError` naming its file and line (`learntok.data.readers.read_jsonl`)."""
+    from ..data.readers import read_jsonl
+
     for i, text in enumerate(texts):
         short = text if len(text) <= 28 else text[:25] + "..."
-        yield f"text {i + 1}: {short!r}", text.encode("utf-8")
+        yield f"text {i + 1}: {short!r}", os.fsencode(text)  # the bytes typed, also when they are not UTF-8
     for file in files:
         path = Path(file)
+        if path.is_dir():
+            raise SystemExit(f"error: {file} is a folder; give text or JSON-lines files")
         if not path.is_file():
             raise SystemExit(f"error: {file}: no such file")
         if not path.name.endswith((".jsonl", ".jsonl.gz")):
             yield str(path), path.read_bytes()
             continue
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            n = 0
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if limit is not None and n >= limit:
-                    break
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SystemExit(f"error: {path}:{line_no}: not valid JSON ({e.msg})") from None
-                value = record.get(field) if isinstance(record, dict) else None
-                if not isinstance(value, str):
-                    keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                    raise SystemExit(f"error: {path}:{line_no}: no string field {field!r} (has: {keys}); use --field")
-                n += 1
-                yield f"{path}:{line_no}", value.encode("utf-8")
+        for n, doc in enumerate(read_jsonl(path, field), 1):
+            if limit is not None and n > limit:
+                break
+            yield f"{path} #{n}", doc
 
 
 def _chunks(items: Iterator, size: int) -> Iterator[list]:
@@ -86,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.texts and not args.file:
         raise SystemExit("error: give TEXT arguments or --file F")
+    if min(args.samples, args.batch_size, args.context or 1) < 1:
+        raise SystemExit("error: --samples, --batch-size and --context must be >= 1")
     model = load(args.model, args.device)
     if args.compile:
         model.compile_layers(dynamic=True)  # as `learntok eval --compile`
@@ -95,23 +88,28 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{'document':<44} {'bytes':>10} {'bpb':>7}")
     # documents in groups of 256, each group's windows batched by length; rows print as their group ends
+    n = 0
     for group in _chunks(documents(args.texts, args.file, args.field, args.limit), 256):
         names, texts = zip(*group)
-        scores = score_texts(model, texts, seed=args.seed, samples=args.samples, context=args.context,
-                             batch_size=args.batch_size)
+        try:
+            scores = score_texts(model, texts, seed=args.seed, samples=args.samples, context=args.context,
+                                 batch_size=args.batch_size)
+        except ValueError as e:  # --samples 0, or a strategy whose boundaries come with the data (file)
+            raise SystemExit(f"error: {e}") from None
         for name, s in zip(names, scores, strict=True):
+            n += 1
             total_bits += s.bits
             total_bytes += s.n_bytes
-            per_doc.append(s.bpb)
+            if s.n_bytes:  # an empty document has no byte to predict: no bpb, and no part in the mean
+                per_doc.append(s.bpb)
             if args.json:
-                print(json.dumps({"document": name, "bytes": s.n_bytes, "bits": s.bits, "bpb": s.bpb,
-                                  "bpb_samples": s.bpb_samples}))
+                print(json.dumps({"document": name, "bytes": s.n_bytes, "bits": s.bits,
+                                  "bpb": s.bpb if s.n_bytes else None, "bpb_samples": s.bpb_samples}))
             elif shown < args.show:
-                print(f"{name[-44:]:<44} {s.n_bytes:>10,} {s.bpb:>7.3f}")
+                print(f"{name[-44:]:<44} {s.n_bytes:>10,} {f'{s.bpb:.3f}' if s.n_bytes else 'empty':>7}")
                 shown += 1
-    n = len(per_doc)
     overall = total_bits / max(total_bytes, 1)
-    mean_doc = sum(per_doc) / max(n, 1)
+    mean_doc = sum(per_doc) / max(len(per_doc), 1)
     if args.json:
         print(json.dumps({"document": "total", "documents": n, "bytes": int(total_bytes), "bits": total_bits,
                           "bpb": overall, "mean_document_bpb": mean_doc}))
@@ -119,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
         if n > shown:
             print(f"... {n - shown} more documents")
         print(f"{f'total ({n} documents, byte-weighted)':<44} {int(total_bytes):>10,} {overall:>7.3f}")
-        if n > 1:
-            print(f"{'mean over documents':<44} {'':>10} {mean_doc:>7.3f}")
+        if len(per_doc) > 1:
+            empty = f", {n - len(per_doc)} empty left out" if len(per_doc) < n else ""
+            print(f"{f'mean over documents{empty}':<44} {'':>10} {mean_doc:>7.3f}")
         how = ("sampled boundaries" + (f", mean of {args.samples} seeds" if args.samples > 1 else f", seed {args.seed}")
                if model.boundaries.stochastic else "deterministic boundaries")
         context = args.context or default_context(model)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def read_text(text: str | None, file: str | None) -> bytes:
     if text is not None and file is not None:
         raise SystemExit("error: give either TEXT or --file, not both")
     if text is not None:
-        return text.encode("utf-8")
+        return os.fsencode(text)  # the bytes typed, also when they are not UTF-8
     if file is not None:
         try:
             return Path(file).read_bytes()
@@ -58,10 +59,11 @@ def read_text(text: str | None, file: str | None) -> bytes:
 def load(path: str, device: str):
     from ..hub import from_pretrained
     from ..train.checkpoint import CheckpointError
+    from ..train.distributed import resolve_device
 
     try:
-        return from_pretrained(path, device=device)
-    except (CheckpointError, ImportError) as e:
+        return from_pretrained(path, device=resolve_device(device))
+    except (CheckpointError, ImportError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
 
 
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import display
 
     data = read_text(args.text, args.file)
+    if args.context is not None and args.context < 1:
+        raise SystemExit("error: --context must be >= 1")
     if args.tau is not None and args.boundaries != "quantile":
         raise SystemExit("error: --tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)

@@ -16,10 +16,9 @@ Several processes: `torchrun --nproc-per-node N -m learntok.cli train --config .
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
-
-import yaml
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,23 +41,23 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import os
 
-    from ..config import ConfigError, load_config, merge, parse_override
+    from ..config import ConfigError, load_config, read_yaml
     from ..train.checkpoint import CheckpointError
     from ..train.trainer import NonFiniteError, Trainer
 
     main = os.environ.get("RANK", "0") == "0"  # torchrun: only rank 0 prints
-    say = print if main else (lambda *a, **k: None)
+    say = print if main else (lambda *a, **k: None)  # errors: say(..., file=sys.stderr)
     try:
         if args.resume:
             run_dir = Path(args.resume)
-            if not (run_dir / "config.yaml").exists():
+            saved = run_dir / "config.yaml"
+            if not saved.exists():
                 raise CheckpointError(f"{run_dir}: no config.yaml; not a learntok run directory")
             if args.config:
                 raise ConfigError("--resume takes its config from the run directory; give overrides instead of --config")
-            saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-            for text in args.overrides:  # typed and validated by load_config below
-                merge(saved, parse_override(text))
-            cfg = load_config(None, saved)
+            if read_yaml(saved) is None:  # load_config reads an empty file as the defaults: another model
+                raise CheckpointError(f"{saved} is empty; a learntok run saves its whole config there")
+            cfg = load_config(saved, args.overrides)  # errors in the file name it
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
             if trainer.resumed_from is not None:
                 say(f"resuming {run_dir} from {trainer.resumed_from.name} (step {trainer.step})")
@@ -71,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
             run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{_timestamp()}")
             trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
-        say(f"error: {e}")
+        say(f"error: {e}", file=sys.stderr)
         return 2
     t = cfg.train
     n_params = sum(p.numel() for p in trainer.model.parameters())
@@ -86,10 +85,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         last = trainer.train()
     except NonFiniteError as e:
-        say(f"error: {e}")
+        say(f"error: {e}", file=sys.stderr)
         return 1
     except CheckpointError as e:
-        say(f"error: {e}")
+        say(f"error: {e}", file=sys.stderr)
         return 1
     if last and "bpb" in last:
         say(f"step {last['step']}: train bpb {last['bpb']:.3f}, held-out bpb {last.get('val_bpb', float('nan')):.3f}, "

@@ -363,7 +363,12 @@ def read_parquet(
     stats = stats if stats is not None else ReadStats()
     path = Path(path)
     stats.files += 1
-    pf = pq.ParquetFile(path)
+    from pyarrow import ArrowException
+
+    try:
+        pf = pq.ParquetFile(path)
+    except ArrowException as e:  # pyarrow's own message names no file
+        raise DataFormatError(f"{path}: not a readable Parquet file ({e})") from None
     names = pf.schema_arrow.names
     if field not in names:
         raise DataFormatError(

@@ -201,31 +201,42 @@ def read_state(ckpt: Path) -> dict:
     version = state.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{ckpt}: checkpoint format version {version}, this learntok reads {FORMAT_VERSION}")
+    files = state.get("files", {})
+    problem = ("its step is not an integer" if not isinstance(state.get("step"), int) else
+               "its config is not a mapping" if not isinstance(state.get("config", {}), dict) else
+               "its list of files is malformed" if not (isinstance(files, dict) and all(
+                   isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
+                   for f in files.values())) else None)
+    if problem:  # a hand-edited or damaged file: say so here, not as a TypeError where a field is used
+        raise CheckpointError(f"{ckpt}/state.json is corrupt: {problem}{_earlier_hint(ckpt)}")
     return state
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Load one .safetensors file of a checkpoint, first checking it against the size and SHA-256 that
-    state.json recorded (checkpoints written before checksums existed are only parsed)."""
+def verify_file(path: Path) -> None:
+    """Check a file of a checkpoint against the size and SHA-256 that its state.json recorded (files of
+    checkpoints written before checksums existed, and of `save_pretrained` directories, have none)."""
     ckpt = path.parent
     if not path.exists():
         raise CheckpointError(f"{path}: missing{_earlier_hint(ckpt)}")
-    try:
-        expected = json.loads((ckpt / "state.json").read_text()).get("files", {}).get(path.name)
-    except (OSError, ValueError):
-        expected = None
-    if expected is not None:
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            raise CheckpointError(f"{path} is truncated or damaged: {size:,} bytes, {expected['bytes']:,} were "
-                                  f"written{_earlier_hint(ckpt)}")
-        if _sha256(path) != expected["sha256"]:
-            raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded when it was "
-                                  f"written{_earlier_hint(ckpt)}")
+    expected = read_state(ckpt).get("files", {}).get(path.name) if (ckpt / "state.json").exists() else None
+    if expected is None:
+        return
+    size = path.stat().st_size
+    if size != expected["bytes"]:
+        raise CheckpointError(f"{path} is truncated or damaged: {size:,} bytes, {expected['bytes']:,} were "
+                              f"written{_earlier_hint(ckpt)}")
+    if _sha256(path) != expected["sha256"]:
+        raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded when it was "
+                              f"written{_earlier_hint(ckpt)}")
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load one .safetensors file of a checkpoint, first checking it (`verify_file`)."""
+    verify_file(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is corrupt or truncated: {e}{_earlier_hint(ckpt)}") from None
+        raise CheckpointError(f"{path} is corrupt or truncated: {e}{_earlier_hint(path.parent)}") from None
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
@@ -283,7 +294,7 @@ def saved_config(ckpt: Path, state: dict) -> RunConfig:
     """The config a checkpoint was written with (`state`: its state.json), checked and in the current
     layout: older checkpoints hold the strategies' options as flat keys of `boundaries`."""
     try:
-        cfg = from_dict(state["config"])
+        cfg = from_dict(state["config"])  # a mapping (read_state)
         boundaries.check(cfg.boundaries)
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{ckpt}: config in state.json is unusable: {e}") from None
@@ -297,5 +308,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[By
     cfg = saved_config(ckpt, read_state(ckpt))
     model = ByteUNet(cfg.model, cfg.boundaries)
     load_weights(model, ckpt)
+    for name in model.boundaries.files:  # what the strategy keeps beside its weights (a BPE tokenizer)
+        if (ckpt / name).exists():
+            verify_file(ckpt / name)
     model.boundaries.load_files(ckpt)
     return model.to(device).eval(), cfg

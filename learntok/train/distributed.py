@@ -91,6 +91,23 @@ class DistInfo:
         return box[0]
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto`` (the GPU when there is one, else the CPU) or a device torch names, checked here: a name torch
+    does not know, or a GPU this machine does not have, is a ValueError that says so (torch would fail later,
+    with an assertion about how it was built)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: this PyTorch sees no CUDA GPU on this machine; use cpu (or auto)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return device
+
+
 def init_distributed(device: str = "auto", parallel: str = "none") -> tuple[DistInfo, torch.device]:
     """Join the process group torchrun describes in the environment (once per process) and pick this
     rank's device (cuda:LOCAL_RANK on a GPU machine). One torchrun process with `parallel` ddp or fsdp
@@ -106,9 +123,7 @@ def init_distributed(device: str = "auto", parallel: str = "none") -> tuple[Dist
         warnings.warn(f"train.parallel={parallel} in a process torchrun did not start: it trains alone, in no "
                       f"process group (start it with torchrun to replicate or shard)", stacklevel=2)
     grouped = world > 1 or (launched and parallel != "none")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local if grouped else torch.cuda.current_device())
     if dev.type == "cuda":

@@ -73,12 +73,6 @@ def lr_at(bytes_seen: float, cfg) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def set_threads(n: int) -> None:
     """CPU threads of torch and of the boundary scan (0: leave the defaults). numba's OpenMP threading
     layer, started by the first boundary scan, resets OpenMP's thread count: it would undo
@@ -282,7 +276,13 @@ class Trainer:
             group.update(fused=True, foreach=None)
         try:
             self.data.train.load_state_dict(state["data"])
-        except (KeyError, ValueError) as e:
+        except KeyError:  # the state of another kind of stream: a prepared dataset's against the demo's, or back
+            trained_on = state.get("config", {}).get("data", {}).get("source")
+            raise ckpt_io.CheckpointError(
+                f"{ckpt}: cannot continue its data stream: it trained on data.source={trained_on!r}, and "
+                f"data.source={self.cfg.data.source!r} is another kind of source; resume with the one it trained on"
+            ) from None
+        except ValueError as e:
             raise ckpt_io.CheckpointError(f"{ckpt}: cannot continue its data stream: {e}") from None
         self.step = state["step"]
         self.bytes_seen, self.flops = state["bytes_seen"], state["flops"]
