@@ -401,6 +401,10 @@ def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
     # nor another kind of data source, whose stream has another state
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "data.source=demo"]) == 2
     assert "data.source='demo' is another kind of source; resume with the one it trained on" in capsys.readouterr().err
+    # a finished run says so, and how to continue it
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert "finished at step 5 (1280 training bytes): nothing to resume" in capsys.readouterr().out
+    assert read_metrics(run_dir / "metrics.jsonl") == first
     # resume with a longer schedule: continues from step 5 on the next sequences
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=2560"]) == 0
     out = capsys.readouterr().out

@@ -59,6 +59,10 @@ def _run(args: argparse.Namespace) -> int:
                 raise CheckpointError(f"{saved} is empty; a learntok run saves its whole config there")
             cfg = load_config(saved, args.overrides)  # errors in the file name it
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
+            if trainer.resumed_from is not None and trainer.step >= trainer.total_steps:
+                say(f"{run_dir} finished at step {trainer.step} ({cfg.train.training_bytes:.4g} training bytes): "
+                    f"nothing to resume; a larger train.training_bytes (or train.flops_budget) continues it")
+                return 0
             if trainer.resumed_from is not None:
                 say(f"resuming {run_dir} from {trainer.resumed_from.name} (step {trainer.step})")
             else:
