@@ -201,7 +201,10 @@ def test_cuda_tests_past_their_time_are_stopped_and_said_so(tmp_path):
 
 
 def stopped_tests(folder: Path) -> Path:
-    """A test file for the tests stage: a test that passes, one that fails, one that hangs, one after it."""
+    """A test file for the tests stage: a test that passes, one that fails, one that hangs, one after it. Its
+    pytest.ini makes its folder pytest's rootdir, so the names are `test_stopped::...` wherever the repository
+    is (without it pytest takes the folder that holds both the repository and this one: /tmp for a clone in /tmp)."""
+    (folder / "pytest.ini").write_text("[pytest]\n")
     tests = folder / "test_stopped.py"
     tests.write_text("import time\nimport pytest\n\ndef test_passes_on_cuda(): pass\n\n"
                      "def test_fails_on_cuda(): assert False, 'boom'\n\n"
