@@ -247,11 +247,11 @@ def test_a_run_with_other_settings_is_neither_reused_nor_resumed(prepared, tmp_p
     out = tmp_path / "report"
     run_dir = out / "runs" / "uniform-seed0"
 
-    def compare(*overrides, flops=3e8):
+    def compare(*overrides, flops=3e8, strategies=("uniform",)):
         lines = []
-        settings = CompareSettings(None, ["uniform"], flops, out, [*TINY, f"data.source={prepared}", "data.mode=packed",
-                                   *overrides], eval_points=1, eval_samples=1, heldout_sequences=4,
-                                   paragraph="The quick brown fox.")
+        settings = CompareSettings(None, list(strategies), flops, out, [*TINY, f"data.source={prepared}",
+                                   "data.mode=packed", *overrides], eval_points=1, eval_samples=1,
+                                   heldout_sequences=4, paragraph="The quick brown fox.")
         run_comparison(settings, log=lines.append)
         return "\n".join(lines)
 
@@ -262,6 +262,10 @@ def test_a_run_with_other_settings_is_neither_reused_nor_resumed(prepared, tmp_p
                                           r"train\.lr: 0\.003 there, 0\.01 asked for\).*give another --out, or remove"):
         compare("train.lr=1e-2", flops=6e8)
     assert (out / "table.md").read_text() == table and (run_dir / "result.json").read_text() == result
+    # found before any run trains: a strategy listed first is not trained in vain
+    with pytest.raises(ConfigError, match=r"uniform-seed0 holds a run with other settings"):
+        compare("train.lr=1e-2", strategies=("random", "uniform"))
+    assert not (out / "runs" / "random-seed0").exists()
     assert "reusing the finished run" in compare("train.threads=1")  # how it computes does not make another run
 
     (run_dir / "result.json").unlink()  # a run interrupted after its last checkpoint

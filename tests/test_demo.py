@@ -4,6 +4,8 @@ import json
 import os
 import signal
 
+import pytest
+
 from learntok.cli import main
 from learntok.data.demo import build_demo_corpus, showcase_paragraph
 from learntok.train.trainer import Trainer
@@ -98,3 +100,13 @@ def test_a_bad_demo_config_is_one_error_line(tmp_path, capsys):
     assert demo_command.run(args) == 2
     assert capsys.readouterr().err.startswith("learntok demo: error: model.d_model=128 must split into n_heads=3")
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_val_fraction_that_holds_out_less_than_a_row_is_named(tmp_path, monkeypatch):
+    from learntok.config import load_config
+    from learntok.data.loader import make_data
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the demo corpus's cache of this split goes there
+    with pytest.raises(ValueError, match=r"data.val_fraction=1e-09 leaves the demo corpus 0 held-out bytes, fewer "
+                                         r"than one row of train.seq_len=512"):
+        make_data(load_config("cpu_default", ["data.val_fraction=1e-9"]))

@@ -56,7 +56,8 @@ from pathlib import Path
 
 from ..config import load_config
 from .report import read_results, write_report
-from .run import DEFAULT_STRATEGIES, BpeReference, CompareSettings, RunResult, default_paragraph, train_one
+from .run import (DEFAULT_STRATEGIES, BpeReference, CompareSettings, RunResult, check_run_folders, default_paragraph,
+                  train_one)
 
 __all__ = ["DEFAULT_STRATEGIES", "CompareSettings", "RunResult", "read_results", "run_comparison"]
 
@@ -68,6 +69,7 @@ def run_comparison(settings: CompareSettings, log=print) -> dict:
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     settings.out.mkdir(parents=True, exist_ok=True)
     base = load_config(settings.config, settings.overrides)
+    check_run_folders(settings)
     reference = BpeReference(base)
     if settings.paragraph is None:
         settings.paragraph = default_paragraph(base)

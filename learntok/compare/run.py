@@ -115,7 +115,6 @@ def run_config(settings: CompareSettings, strategy: str, seed: int) -> RunConfig
 def train_one(settings: CompareSettings, strategy: str, seed: int, reference, log=print) -> RunResult:
     """Train (or reuse, or resume) one strategy at the budget, evaluate and analyse it."""
     from ..analysis import analyse
-    from ..train import checkpoint as ckpt_io
 
     run_dir = settings.out / "runs" / f"{strategy}-seed{seed}"
     result = RunResult(strategy, seed, "skipped", run_dir=str(run_dir))
@@ -124,10 +123,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
         return result
     cfg = run_config(settings, strategy, seed)
     cfg.train.flops_budget = settings.flops
-    finished = (run_dir / "result.json").exists()
-    resume = bool(ckpt_io.list_checkpoints(run_dir))
-    if finished or resume:  # only the run this command asks for may be reused or continued
-        check_same_run(run_dir, cfg)
+    finished, resume = check_run_folder(run_dir, cfg)
     if finished:
         saved = json.loads((run_dir / "result.json").read_text())
         log(f"  reusing the finished run in {run_dir}")
@@ -191,6 +187,27 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
 # run is computed (threads, device, compilation, TensorBoard)
 NOT_COMPARED = ("train.training_bytes", "train.eval_every", "train.threads", "train.device", "train.compile",
                 "train.tensorboard")
+
+
+def check_run_folders(settings: CompareSettings) -> None:
+    """`check_run_folder` for every run of the comparison, before any trains: a folder holding another run
+    stops the command at once, not after the runs before it have trained."""
+    for strategy in settings.strategies:
+        for seed in range(settings.seeds if strategy in STRATEGIES else 0):
+            cfg = run_config(settings, strategy, seed)
+            cfg.train.flops_budget = settings.flops
+            check_run_folder(settings.out / "runs" / f"{strategy}-seed{seed}", cfg)
+
+
+def check_run_folder(run_dir: Path, cfg: RunConfig) -> tuple[bool, bool]:
+    """(finished, interrupted with checkpoints) for the run in `run_dir`; either must be the run `cfg` asks
+    for (`check_same_run`): only that run may be reused or continued."""
+    from ..train import checkpoint as ckpt_io
+
+    finished, resume = (run_dir / "result.json").exists(), bool(ckpt_io.list_checkpoints(run_dir))
+    if finished or resume:
+        check_same_run(run_dir, cfg)
+    return finished, resume
 
 
 def check_same_run(run_dir: Path, cfg: RunConfig) -> None:

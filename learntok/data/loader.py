@@ -354,6 +354,11 @@ def open_demo(cfg: Any, rank: int = 0, world_size: int = 1):
 
     t = cfg.train
     corpus = build_demo_corpus(cfg.data.val_fraction)
+    for split, stream in (("training", corpus.train), ("held-out", corpus.val)):
+        if len(stream) < t.seq_len + 1:  # a row is BOS + seq_len bytes to predict
+            raise ValueError(f"data.val_fraction={cfg.data.val_fraction} leaves the demo corpus {len(stream):,} "
+                             f"{split} bytes, fewer than one row of train.seq_len={t.seq_len}: choose another "
+                             f"data.val_fraction (default 0.05)")
     track = supplied_track(cfg.boundaries.name)
     train_bnd = val_bnd = segmenter = None
     extra = ""
