@@ -107,7 +107,12 @@ def run_config(settings: CompareSettings, strategy: str, seed: int) -> RunConfig
         cfg.train.sample_seed = cfg.train.sample_seed + seed
     # the same held-out sequences for every run: a run with smaller batches gets more of them
     cfg.train.eval_batches = -(-settings.heldout_sequences // cfg.train.batch_size)
+    cfg.train.flops_budget = settings.flops
     return cfg
+
+
+def run_folder(settings: CompareSettings, strategy: str, seed: int) -> Path:
+    return settings.out / "runs" / f"{strategy}-seed{seed}"
 
 
 # --- one run -------------------------------------------------------------------------------------
@@ -116,13 +121,12 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     """Train (or reuse, or resume) one strategy at the budget, evaluate and analyse it."""
     from ..analysis import analyse
 
-    run_dir = settings.out / "runs" / f"{strategy}-seed{seed}"
+    run_dir = run_folder(settings, strategy, seed)
     result = RunResult(strategy, seed, "skipped", run_dir=str(run_dir))
     if strategy not in STRATEGIES:
         result.message = f"not registered in learntok.boundaries.STRATEGIES (available: {', '.join(sorted(STRATEGIES))})"
         return result
     cfg = run_config(settings, strategy, seed)
-    cfg.train.flops_budget = settings.flops
     finished, resume = check_run_folder(run_dir, cfg)
     if finished:
         saved = json.loads((run_dir / "result.json").read_text())
@@ -194,9 +198,7 @@ def check_run_folders(settings: CompareSettings) -> None:
     stops the command at once, not after the runs before it have trained."""
     for strategy in settings.strategies:
         for seed in range(settings.seeds if strategy in STRATEGIES else 0):
-            cfg = run_config(settings, strategy, seed)
-            cfg.train.flops_budget = settings.flops
-            check_run_folder(settings.out / "runs" / f"{strategy}-seed{seed}", cfg)
+            check_run_folder(run_folder(settings, strategy, seed), run_config(settings, strategy, seed))
 
 
 def check_run_folder(run_dir: Path, cfg: RunConfig) -> tuple[bool, bool]:

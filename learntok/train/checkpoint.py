@@ -202,13 +202,14 @@ def read_state(ckpt: Path) -> dict:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{ckpt}: checkpoint format version {version}, this learntok reads {FORMAT_VERSION}")
     files = state.get("files", {})
-    problem = ("its step is not an integer" if not isinstance(state.get("step"), int) else
-               "its config is not a mapping" if not isinstance(state.get("config", {}), dict) else
-               "its list of files is malformed" if not (isinstance(files, dict) and all(
-                   isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
-                   for f in files.values())) else None)
-    if problem:  # a hand-edited or damaged file: say so here, not as a TypeError where a field is used
-        raise CheckpointError(f"{ckpt}/state.json is corrupt: {problem}{_earlier_hint(ckpt)}")
+    checks = [(isinstance(state.get("step"), int), "its step is not an integer"),
+              (isinstance(state.get("config", {}), dict), "its config is not a mapping"),
+              (isinstance(files, dict) and all(isinstance(f, dict) and isinstance(f.get("bytes"), int)
+                                               and isinstance(f.get("sha256"), str) for f in files.values()),
+               "its list of files is malformed")]
+    for ok, problem in checks:  # a hand-edited or damaged file: say so here, not as a TypeError where a field is used
+        if not ok:
+            raise CheckpointError(f"{ckpt}/state.json is corrupt: {problem}{_earlier_hint(ckpt)}")
     return state
 
 
