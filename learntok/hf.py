@@ -1,11 +1,14 @@
 """learntok models as transformers models (optional extra: ``pip install 'learntok[hf]'``).
 
-Importing this module registers three classes with transformers' Auto classes, under the model type
+Importing this module registers four classes with transformers' Auto classes, under the model type
 of every learntok directory (``learntok-byte-unet``):
 
 * :class:`LearntokConfig` (``AutoConfig``): the directory's config.json;
 * :class:`LearntokForCausalLM` (``AutoModelForCausalLM``): the U-Net behind transformers' causal-LM
-  interface: ``model(input_ids, attention_mask, labels=...)`` and ``model.generate(...)``;
+  interface: ``model(input_ids, attention_mask, labels=...)`` and ``model.generate(...)``, with
+  ``output_hidden_states`` and gradient checkpointing (``Trainer``, PEFT);
+* :class:`LearntokModel` (``AutoModel``): the same U-Net as a base model, whose output is the byte level's
+  final states (embeddings, the ``feature-extraction`` pipeline);
 * :class:`LearntokTokenizer` (``AutoTokenizer``): UTF-8 bytes as ids 0-255, BOS/EOS/PAD as the model
   uses them.
 
@@ -45,6 +48,7 @@ from all; with ``top_k=k`` pass the same k to both). Beam search and assisted de
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
@@ -52,9 +56,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GenerationMixin,
+from torch.utils.checkpoint import checkpoint
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GenerationMixin,
                           PretrainedConfig, PreTrainedModel, PreTrainedTokenizer)
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast
 from transformers.tokenization_utils_base import AddedToken
 
 from . import hub
@@ -69,7 +74,7 @@ from .unet import ByteUNet
 # back under the installed transformers' own name.
 CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
-__all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokTokenizer"]
+__all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokModel", "LearntokTokenizer"]
 
 # what AutoModel passes along for the Hub and for classes it loads itself: nothing to do for us
 _LOADER_KEYS = {"trust_remote_code", "_from_auto", "_from_pipeline", "_commit_hash", "code_revision",
@@ -139,12 +144,14 @@ class LearntokCache:
         return self.seen
 
 
-class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
-    """A learntok `ByteUNet` (``self.unet``) as a transformers causal LM (see the module docstring)."""
+class LearntokPreTrainedModel(PreTrainedModel):
+    """What both transformers models of a learntok `ByteUNet` (``self.unet``) share: building, loading and
+    saving, gradient checkpointing, and the forward pass over rows as tools give them."""
 
     config_class = LearntokConfig
     base_model_prefix = "unet"
     main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: LearntokConfig, unet: ByteUNet | None = None):
         super().__init__(config)
@@ -153,8 +160,6 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
             unet = ByteUNet(run_cfg.model, run_cfg.boundaries)
             unet.info = hub.ModelInfo(run_cfg, dict(config.training), run_known=bool(config.train))
         self.unet = unet
-        self.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-                                                  suppress_tokens=[BOS, PAD])
         self.post_init()
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
@@ -170,6 +175,17 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
     def _init_weights(self, module) -> None:
         """Nothing: the U-Net initialises itself when built (`ByteUNet.reset_parameters`) or is loaded."""
 
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=checkpoint,
+                                    every_n_layers: int = 1) -> None:
+        """transformers' gradient checkpointing (``gradient_checkpointing_enable()``, ``Trainer``'s
+        ``gradient_checkpointing=True``): every block of the U-Net's three stacks recomputes its activations in
+        the backward pass (`model.layers.Stack.recompute`)."""
+        if enable and every_n_layers != 1:
+            raise NotImplementedError("learntok: gradient checkpointing recomputes every block (every_n_layers=1)")
+        for stack in (self.unet.encoder, self.unet.mid, self.unet.decoder):
+            stack.recompute = gradient_checkpointing_func if enable else None
+        self.gradient_checkpointing = enable  # what transformers' `is_gradient_checkpointing` reads
+
     # --- loading and saving: through learntok.hub ------------------------------------------------
 
     @classmethod
@@ -177,7 +193,8 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
                         torch_dtype=None, device_map=None, revision: str | None = None, token: str | None = None,
                         cache_dir: str | None = None, local_files_only: bool = False, **kwargs):
         """Load with `learntok.from_pretrained` (a saved directory, a training run or a Hub repo), in
-        eval mode. ``dtype`` (or ``torch_dtype``) and ``device_map`` (a device) are honoured. The model's
+        eval mode. ``dtype`` (or ``torch_dtype``; by default ``"auto"``, as in transformers: the type the
+        weights were saved in) and ``device_map`` (a device) are honoured. The model's
         sections come from the directory; ``boundary_seed`` from ``config`` when given (AutoModel puts
         keyword arguments such as ``boundary_seed=1`` there) or from the keyword itself."""
         seed = kwargs.pop("boundary_seed", config.boundary_seed if isinstance(config, LearntokConfig) else 0)
@@ -188,10 +205,12 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
                                    local_files_only=local_files_only)
         model = cls(LearntokConfig(**hub.config_json(unet), boundary_seed=int(seed)), unet=unet)
         dtype = dtype if dtype is not None else torch_dtype
-        if isinstance(dtype, str) and dtype != "auto":
+        if dtype is None or dtype == "auto":  # transformers' default: the type the weights were saved in
+            dtype = unet.info.dtype
+        if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        if isinstance(dtype, torch.dtype):
-            model.to(dtype)
+        model.to(dtype)
+        model.config.dtype = dtype
         if device_map is not None:
             if isinstance(device_map, dict):  # {"": device}: the whole model on one device (lm-eval passes this)
                 if set(device_map) != {""}:
@@ -207,7 +226,7 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         save_pretrained, such as ``safe_serialization``, have nothing to change)."""
         hub.save_pretrained(self.unet, save_directory)
 
-    # --- forward ---------------------------------------------------------------------------------
+    # --- the forward pass ----------------------------------------------------------------------
 
     def _uniforms(self, rows: int, length: int) -> torch.Tensor | None:
         """The boundary draws of `rows` rows of `length` positions: the eval stream, or None in training
@@ -217,35 +236,6 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         u = boundary_uniforms(self.config.boundary_seed, length).to(self.device)
         return u.expand(rows, length)
 
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                cache: LearntokCache | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None,
-                past_key_values: LearntokCache | None = None, logits_to_keep: int = 0,
-                **kwargs) -> CausalLMOutputWithPast | tuple:
-        """Next-byte logits (B, T, V) at every given position (zeros at padding), or at the last
-        ``logits_to_keep`` of them, and with ``labels`` the mean next-byte cross-entropy over positions
-        whose label is not -100 (shifted as usual). With a `LearntokCache` (`cache`, or `past_key_values`
-        as older transformers name it; ``use_cache=True`` starts one), as with any transformers model:
-        the first call feeds the prompts, and every later one only the bytes that follow (B, n), whose
-        logits it returns."""
-        cache = cache if cache is not None else past_key_values
-        if cache is None and use_cache and not self.training:
-            cache = LearntokCache()
-        if cache is not None:
-            logits = self._generation_step(input_ids, attention_mask, cache, logits_to_keep)
-        else:
-            logits = self._full_forward(input_ids, attention_mask)[:, -logits_to_keep:]
-        loss = None
-        if labels is not None:
-            if logits.shape[1] != labels.shape[1]:
-                raise ValueError(f"learntok: labels cover {labels.shape[1]} positions but logits {logits.shape[1]} "
-                                 f"(logits_to_keep={logits_to_keep}, or a cache's later call): give labels for the "
-                                 f"positions whose logits are returned")
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: cache})
-        return out if return_dict is not False else out.to_tuple()
-
     @staticmethod
     def _real(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(mask, offset): which columns are real bytes (B, T) bool, and per row 1 when BOS must be put
@@ -254,7 +244,10 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         first = input_ids.gather(1, mask.long().argmax(1, keepdim=True))[:, 0]  # each row's first real column
         return mask, (first != BOS).long()
 
-    def _full_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _full_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      hidden_states: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The logits (B, T, V) at the given positions, and the byte level's states when `hidden_states` (see
+        `forward`), else None."""
         B, T = input_ids.shape
         if self.unet.draws > 1:
             raise NotImplementedError("learntok: a model trained with boundaries.group_size > 1 runs in training mode "
@@ -269,9 +262,95 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         inputs[:, 0] = BOS
         rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
         inputs[rows[mask], position[mask]] = input_ids[mask]
-        out = self.unet(inputs, uniforms=self._uniforms(B, length))
-        logits = out.logits.gather(1, position[..., None].expand(B, T, out.logits.shape[-1]))
-        return logits * mask[..., None]
+        with self._byte_states(hidden_states) as states:
+            out = self.unet(inputs, uniforms=self._uniforms(B, length))
+        given = lambda t: t.gather(1, position[..., None].expand(B, T, t.shape[-1])) * mask[..., None]  # noqa: E731
+        if not hidden_states:
+            return given(out.logits), None
+        states[-1] = self.unet.head.norm(states[-1])
+        return given(out.logits), tuple(given(state) for state in states)
+
+    @contextlib.contextmanager
+    def _byte_states(self, record: bool):
+        """A list that collects, while the U-Net runs, the byte level's residual stream: the input of the encoder
+        and of the decoder, and the output of each of their blocks, in that order (hooks, removed on exit)."""
+        states, hooks = [], []
+        if record:
+            for stack in (self.unet.encoder, self.unet.decoder):
+                hooks.append(stack.register_forward_pre_hook(lambda module, args: states.append(args[0])))
+                hooks += [block.register_forward_hook(lambda module, args, output: states.append(output))
+                          for block in stack.blocks]
+        try:
+            yield states
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+class LearntokModel(LearntokPreTrainedModel):
+    """The U-Net as transformers' base model (``AutoModel``, the ``feature-extraction`` pipeline): the byte
+    level's final states (``last_hidden_state``, (B, T, C), zeros at padding) of rows given as to
+    `LearntokForCausalLM`, whose ``hidden_states`` (see its ``forward``) it also gives."""
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs) -> BaseModelOutput | tuple:
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        _, states = self._full_forward(input_ids, attention_mask, hidden_states=True)
+        out = BaseModelOutput(last_hidden_state=states[-1], hidden_states=states if output_hidden_states else None)
+        return out if return_dict is not False else out.to_tuple()
+
+
+class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
+    """A learntok `ByteUNet` (``self.unet``) as a transformers causal LM (see the module docstring)."""
+
+    def __init__(self, config: LearntokConfig, unet: ByteUNet | None = None):
+        super().__init__(config, unet)
+        self.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+                                                  suppress_tokens=[BOS, PAD])
+
+    # --- forward ---------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                cache: LearntokCache | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, return_dict: bool | None = None,
+                past_key_values: LearntokCache | None = None, logits_to_keep: int = 0,
+                output_hidden_states: bool | None = None, **kwargs) -> CausalLMOutputWithPast | tuple:
+        """Next-byte logits (B, T, V) at every given position (zeros at padding), or at the last
+        ``logits_to_keep`` of them, and with ``labels`` the mean next-byte cross-entropy over positions
+        whose label is not -100 (shifted as usual). With a `LearntokCache` (`cache`, or `past_key_values`
+        as older transformers name it; ``use_cache=True`` starts one), as with any transformers model:
+        the first call feeds the prompts, and every later one only the bytes that follow (B, n), whose
+        logits it returns.
+
+        ``output_hidden_states=True`` (without a cache) adds ``hidden_states``: the byte level's residual
+        stream, each (B, T, C) at every given position (zeros at padding): the scaled embeddings, the output
+        of each encoder block, the decoder's input (the encoder output plus the token level's output of the
+        token each byte is in), the output of each decoder block, the last with the head's final norm (as
+        transformers' decoders give it). The token level's states are per token; ``model.unet`` has them."""
+        cache = cache if cache is not None else past_key_values
+        if cache is None and use_cache and not self.training:
+            cache = LearntokCache()
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        states = None
+        if cache is not None:
+            if output_hidden_states:
+                raise NotImplementedError("learntok: hidden states come from a forward pass without a cache "
+                                          "(use_cache=False)")
+            logits = self._generation_step(input_ids, attention_mask, cache, logits_to_keep)
+        else:
+            logits, states = self._full_forward(input_ids, attention_mask, output_hidden_states)
+            logits = logits[:, -logits_to_keep:]
+        loss = None
+        if labels is not None:
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError(f"learntok: labels cover {labels.shape[1]} positions but logits {logits.shape[1]} "
+                                 f"(logits_to_keep={logits_to_keep}, or a cache's later call): give labels for the "
+                                 f"positions whose logits are returned")
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=states, **{CACHE: cache})
+        return out if return_dict is not False else out.to_tuple()
 
     def _generation_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                          cache: LearntokCache, logits_to_keep: int) -> torch.Tensor:
@@ -288,7 +367,7 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
             cache.rows = CachedRows(self.unet, rows, new, uniforms.to(input_ids.device))
             last = cache.rows.logits[:, None].clone()  # (B, 1, V)
             if logits_to_keep != 1 and input_ids.shape[1] > 1:  # the prompts' own logits too: a full forward
-                logits = self._full_forward(input_ids, attention_mask)[:, -logits_to_keep:]
+                logits = self._full_forward(input_ids, attention_mask)[0][:, -logits_to_keep:]
                 logits[:, -1:] = last  # the cache's, which the bytes that follow are drawn from
                 last = logits
         else:
@@ -302,6 +381,12 @@ class LearntokForCausalLM(PreTrainedModel, GenerationMixin):
         return last
 
     # --- generate's hooks ------------------------------------------------------------------------
+
+    def generate(self, *args, assistant_model=None, **kwargs):
+        """transformers' `generate`, greedy or sampling (see the module docstring)."""
+        if assistant_model is not None:  # it would rewind the cache, which the U-Net's levels cannot
+            raise NotImplementedError("learntok: assisted decoding is not supported; use greedy or sampling")
+        return super().generate(*args, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """A `LearntokCache` with room for `generation_config.max_length` columns (not transformers' own
@@ -376,5 +461,6 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
 
 
 AutoConfig.register(hub.MODEL_TYPE, LearntokConfig, exist_ok=True)
+AutoModel.register(LearntokConfig, LearntokModel, exist_ok=True)
 AutoModelForCausalLM.register(LearntokConfig, LearntokForCausalLM, exist_ok=True)
 AutoTokenizer.register(LearntokConfig, tokenizer_class=LearntokTokenizer, exist_ok=True)

@@ -55,10 +55,11 @@ TOKENIZER_CONFIG_NAME, REMOTE_CODE_NAME = "tokenizer_config.json", "learntok_hf.
 # what transformers imports for a directory it trusts: the classes of `learntok.hf`, which must be installed
 REMOTE_CODE = '''"""transformers' Auto classes load this directory through learntok (pip install 'learntok[hf]'):
 AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)."""
-from learntok.hf import LearntokConfig, LearntokForCausalLM, LearntokTokenizer  # noqa: F401
+from learntok.hf import LearntokConfig, LearntokForCausalLM, LearntokModel, LearntokTokenizer  # noqa: F401
 '''
 _REMOTE_MODULE = REMOTE_CODE_NAME.removesuffix(".py")
-AUTO_MAP = {"AutoConfig": f"{_REMOTE_MODULE}.LearntokConfig", "AutoModelForCausalLM": f"{_REMOTE_MODULE}.LearntokForCausalLM",
+AUTO_MAP = {"AutoConfig": f"{_REMOTE_MODULE}.LearntokConfig", "AutoModel": f"{_REMOTE_MODULE}.LearntokModel",
+            "AutoModelForCausalLM": f"{_REMOTE_MODULE}.LearntokForCausalLM",
             "AutoTokenizer": [f"{_REMOTE_MODULE}.LearntokTokenizer", None]}  # config.json's and tokenizer_config.json's
 FALLBACK_CONTEXT = 4096  # bytes per forward pass for a model whose training length is unknown: the paper's
 STRATEGY_FILES = sorted({f for cls in STRATEGIES.values() for f in cls.files})  # `BoundaryStrategy.save_files`
@@ -78,6 +79,9 @@ class ModelInfo:
     training: dict = field(default_factory=dict)  # e.g. step, bytes_seen, val_bpb, val_boundary_rate
     source: str | None = None  # where it was loaded from
     run_known: bool = True  # False: the train and data sections are defaults, not the model's history
+    # the type its weights were saved in: learntok loads every model in float32, transformers' `dtype="auto"`
+    # in this type (`learntok.hf`)
+    dtype: torch.dtype = torch.float32
 
 
 def as_unet(model) -> ByteUNet:
@@ -146,6 +150,7 @@ def config_json(model, *, config: RunConfig | None = None, training: dict | None
         "architectures": ["LearntokForCausalLM"],
         "auto_map": copy.deepcopy(AUTO_MAP),
         "vocab_size": VOCAB_SIZE, "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),  # of model.safetensors
         # lm-eval's context: the bytes a row holds beside the BOS the model puts in front, so that a tool's rows
         # are the trained length (a longer one moves a length-dependent strategy's boundaries in its batch)
         "max_position_embeddings": (run_cfg.train.seq_len if run_known else FALLBACK_CONTEXT) - 1,
@@ -330,14 +335,16 @@ def load_directory(directory: str | Path, device: str | torch.device = "cpu", so
         raise ModelLoadError(f"{directory / CONFIG_NAME}: cannot build the model it describes: {e}") from None
     weights = directory / WEIGHTS_NAME
     try:
-        ckpt_io.load_weights(model, directory)
+        tensors = ckpt_io.read_weights(model, directory)
     except ckpt_io.CheckpointError as e:
         if not weights.exists():
             raise ModelLoadError(f"{weights}: missing; a model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}") from None
         raise ModelLoadError(f"{directory}: {CONFIG_NAME} and {WEIGHTS_NAME} do not match: {e}") from None
+    model.load_state_dict(tensors)
     model.boundaries.load_files(directory)
+    saved_dtype = next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
     model.info = ModelInfo(cfg, dict(meta.get("training") or {}), source or str(directory),
-                           run_known=isinstance(meta.get("train"), dict))
+                           run_known=isinstance(meta.get("train"), dict), dtype=saved_dtype)
     return model.to(device).eval()
 
 

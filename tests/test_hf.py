@@ -21,13 +21,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import learntok  # noqa: E402
 import learntok.hf  # noqa: E402,F401  (registers the classes)
 from learntok.data.batch import BOS, EOS, PAD  # noqa: E402
 from learntok.eval.scorer import UNetScorer, boundary_uniforms  # noqa: E402
 from learntok.generation import CachedRows  # noqa: E402
+from learntok.model.layers import softcap  # noqa: E402
 from learntok.unet import ByteUNet  # noqa: E402
 
 from conftest import spread_strategy_weights, tiny_config  # noqa: E402
@@ -165,6 +166,136 @@ def test_rows_of_the_published_length_keep_each_rows_boundaries(saved):
     assert (logits[0] - on_the_trained_grid).abs().max() < 1e-5
 
 
+def test_hidden_states_are_the_byte_levels_residual_stream(saved):
+    """output_hidden_states: the embeddings, each encoder block, the decoder's input and each decoder block, at
+    the given positions of each row as it is alone; the last, normed, gives the logits through the head's
+    projection. AutoModel's base model gives that last state."""
+    unet, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)  # left-padded
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+        states = out.hidden_states
+        assert len(states) == unet.cfg.n_down_layers + unet.cfg.n_up_layers + 2
+        assert all(h.shape == (len(TEXTS), mask.shape[1], unet.cfg.d_model) and not h[~mask].any() for h in states)
+        assert torch.allclose(states[0][mask], unet.embed(batch["input_ids"][mask]) * math.sqrt(unet.cfg.d_model))
+        logits = softcap(unet.head.proj(states[-1]).float(), unet.head.cap)
+        assert (logits[mask] - out.logits[mask]).abs().max() < 1e-5
+        for row, m, text in zip(range(len(TEXTS)), mask, TEXTS):  # each row's states are its own
+            alone = model(torch.tensor([list(text.encode())]), output_hidden_states=True).hidden_states
+            assert all((h[row, m] - a[0]).abs().max() < 1e-5 for h, a in zip(states, alone))
+        assert model(**batch).hidden_states is None
+        base = AutoModel.from_pretrained(directory)
+        assert type(base).__name__ == "LearntokModel"
+        assert torch.equal(base(**batch).last_hidden_state, states[-1])
+        assert all(torch.equal(a, b) for a, b in zip(base(**batch, output_hidden_states=True).hidden_states, states))
+        with pytest.raises(NotImplementedError, match="without a cache"):
+            model(**batch, use_cache=True, output_hidden_states=True)
+
+
+def _gradients(model, batch) -> list[torch.Tensor]:
+    model.zero_grad()
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    model(**batch, labels=labels).loss.backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_gradient_checkpointing_recomputes_each_block_for_the_same_gradients(saved):
+    """transformers' gradient checkpointing runs each block again in the backward pass (one call more per
+    block), and the gradients are those without it (eval mode: the same boundary draws in both passes)."""
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    batch = AutoTokenizer.from_pretrained(directory)(TEXTS, return_tensors="pt", padding=True)
+    blocks = [b for stack in (model.unet.encoder, model.unet.mid, model.unet.decoder) for b in stack.blocks]
+    calls = []
+    for block in blocks:  # counted in `forward` (torch's recomputation runs no forward hooks)
+        block.forward = lambda *args, forward=block.forward: calls.append(1) or forward(*args)
+    kept = _gradients(model, batch)
+    assert len(calls) == len(blocks)
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    assert model.gradient_checkpointing
+    calls.clear()
+    recomputed = _gradients(model, batch)
+    assert len(calls) == 2 * len(blocks)  # each block once more in the backward pass
+    assert len(kept) == len(recomputed) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(kept, recomputed))
+    calls.clear()
+    with torch.no_grad():  # nothing to recompute for
+        model(**batch)
+    assert len(calls) == len(blocks)
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+    assert not model.gradient_checkpointing and model.unet.decoder.recompute is None
+
+
+def test_trainer_fine_tunes_with_gradient_checkpointing(tmp_path):
+    pytest.importorskip("accelerate")
+    from transformers import Trainer, TrainingArguments
+
+    learntok.save_pretrained(tiny_unet(), tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    rows = [dict(input_ids=ids, labels=ids) for ids in tokenizer([TEXTS[2]] * 4)["input_ids"]]
+    # transformers 5.24 renamed the option activation_checkpointing
+    named = "activation_checkpointing" if hasattr(TrainingArguments, "activation_checkpointing") else "gradient_checkpointing"
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2,
+                             use_cpu=True, report_to=[], save_strategy="no", **{named: True})
+    before = model.unet.decoder.blocks[0].mlp.down.weight.clone()
+    Trainer(model=model, args=args, train_dataset=rows).train()
+    assert model.gradient_checkpointing
+    assert not torch.equal(before, model.unet.decoder.blocks[0].mlp.down.weight)
+
+
+def test_lora_trains_saves_and_merges(tmp_path):
+    """PEFT's LoRA on every linear layer: a step trains the adapters only, generate runs through the wrapper,
+    and the saved adapter, reloaded and merged, gives the adapted model's logits."""
+    peft = pytest.importorskip("peft")
+    learntok.save_pretrained(tiny_unet(), tmp_path / "model")
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(tmp_path / "model"),
+                                peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    trained = {n: p.clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
+    frozen = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    model(**batch, labels=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)).loss.backward()
+    optimizer.step()
+    model.eval()
+    changed = {n for n, p in model.named_parameters() if n in trained and not torch.equal(p, trained[n])}
+    assert any(".decoder." in n for n in changed)  # (the next-byte loss reaches no adapter of the early-exit head)
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+    out = model.generate(**tokenizer(["The "], return_tensors="pt"), max_new_tokens=5, do_sample=False)
+    assert out.shape == (1, 9)
+    model.save_pretrained(tmp_path / "adapter")
+    merged = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "model"),
+                                            tmp_path / "adapter").merge_and_unload()
+    with torch.no_grad():
+        assert (merged(**batch).logits - model(**batch).logits).abs().max() < 1e-4
+
+
+def test_dtype_auto_loads_the_type_the_weights_were_saved_in(tmp_path):
+    """transformers' default dtype="auto": a directory saved in bfloat16 loads in bfloat16 (also one written
+    before config.json named its type: the weights say it); learntok's own loader gives float32."""
+    learntok.save_pretrained(tiny_unet().to(torch.bfloat16), tmp_path / "bf16")
+    learntok.save_pretrained(tiny_unet(), tmp_path / "fp32")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    for load in (lambda d, **kw: AutoModelForCausalLM.from_pretrained(d, **kw), lambda d, **kw: AutoModel.from_pretrained(d, **kw)):
+        assert load(tmp_path / "bf16").dtype == torch.bfloat16
+        assert load(tmp_path / "bf16", dtype="auto").dtype == torch.bfloat16
+        assert load(tmp_path / "bf16", dtype=torch.float32).dtype == torch.float32
+        assert load(tmp_path / "fp32").dtype == torch.float32
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert model.config.dtype == torch.bfloat16
+    assert next(learntok.from_pretrained(tmp_path / "bf16").parameters()).dtype == torch.float32
+    meta = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    del meta["dtype"]
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps(meta))
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").dtype == torch.bfloat16
+
+
 def test_from_pretrained_takes_the_boundary_seed_and_learntok_takes_the_model(saved):
     unet, directory = saved
     model = AutoModelForCausalLM.from_pretrained(directory, boundary_seed=3)  # AutoModel puts it in the config
@@ -218,6 +349,16 @@ def test_generate_draws_the_bytes_of_learntok_generate(saved, settings, use_cach
     assert len(prefills) == (1 if use_cache else 0)
 
 
+def test_generate_refuses_what_it_cannot_do(saved):
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([list(b"The ")])
+    with pytest.raises(NotImplementedError, match="beam search"):
+        model.generate(ids, max_new_tokens=3, num_beams=2)
+    with pytest.raises(NotImplementedError, match="assisted decoding"):
+        model.generate(ids, max_new_tokens=3, assistant_model=model)
+
+
 def test_generate_a_left_padded_batch_row_by_row(saved):
     """Prompts of different lengths in one batch: each row generates what it generates alone."""
     unet, directory = saved
@@ -262,11 +403,13 @@ def test_trust_remote_code_without_importing_learntok(saved, tmp_path):
     unet, directory = saved
     script = f"""
 import sys, torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 assert "learntok" not in sys.modules
 model = AutoModelForCausalLM.from_pretrained({str(directory)!r}, trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained({str(directory)!r}, trust_remote_code=True)
 out = model.generate(**tokenizer({TEXTS[0]!r}, return_tensors="pt"), max_new_tokens=20, do_sample=False)
+base = AutoModel.from_pretrained({str(directory)!r}, trust_remote_code=True)
+assert type(base).__name__ == "LearntokModel" and base(**tokenizer("Hi", return_tensors="pt")).last_hidden_state.shape[1] == 2
 # saved again, as Trainer saves its checkpoints: the classes loaded through learntok_hf.py save and reload
 tokenizer.save_pretrained("again")
 model.config.save_pretrained("again")

@@ -402,6 +402,10 @@ class Block(nn.Module):
         return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
 
 
+def _call(block: nn.Module, *args) -> torch.Tensor:
+    return block(*args)
+
+
 class Stack(nn.Module):
     """Blocks that share one attention pattern and one set of RoPE positions."""
 
@@ -412,20 +416,25 @@ class Stack(nn.Module):
         self.rope_theta = rope_theta
         self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, window, attn_cap, kernel)
                                     for _ in range(n_layers))
+        # `torch.utils.checkpoint.checkpoint` or a partial of it (transformers' gradient checkpointing sets it,
+        # `learntok.hf`): while gradients are recorded, the blocks' activations are then recomputed in the
+        # backward pass instead of kept, trading a second forward pass of the stack for their memory
+        self.recompute = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, C), positions (B, T) int64. `real` (N,): the flat indices of the real positions when
         rows are padded at the end (the token level): then all but attention runs on those N only, and
         the padding positions of the output are zeros."""
         cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta)
+        run = self.recompute if self.recompute is not None and torch.is_grad_enabled() else _call
         if real is None:
             for block in self.blocks:
-                x = block(x, cos, sin)
+                x = run(block, x, cos, sin)
             return x
         packed = Packed(real, x.shape[0], x.shape[1])
         h = packed.pack(x)  # (N, C)
         for block in self.blocks:
-            h = block(h, cos, sin, packed)
+            h = run(block, h, cos, sin, packed)
         return packed.unpack(h)
 
     def n_matrix_params(self) -> int:
