@@ -3,7 +3,8 @@
 Each subcommand lives in `learntok/commands/<name>_command.py` (named apart from the package it drives:
 `eval_command` runs `learntok.eval`) and provides
 `add_arguments(parser)` and `run(args) -> int`; modules are imported only when their command runs so
-that `learntok --help` stays fast."""
+that `learntok --help` stays fast. A command reports an error by raising `CommandError` (or one of the
+input errors of `_user_errors`): `main` prints every one as `learntok COMMAND: error: MESSAGE` on stderr."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import importlib
 import os
 import select
 import sys
+
+# defined in learntok.commands, not here: under `python -m learntok.cli` (torchrun) this module runs as
+# `__main__`, and a class of its own would not be the one the commands import and raise
+from .commands import CommandError
 
 # name -> one-line help. Keep in the order a new user meets them.
 COMMANDS = {
@@ -57,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush then writes nowhere
         return 1
     except Exception as e:
-        if not isinstance(e, _user_errors()):
+        if not isinstance(e, (CommandError, *_user_errors())):
             raise
-        # bad input that a command did not catch itself: its message says what is wrong, a traceback would not
-        print(f"learntok {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        # a command's own error, or bad input that it did not catch itself: its message says what is wrong, a
+        # traceback would not. Under torchrun every rank meets the same error: rank 0 says it.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"learntok {args.command}: error: {e}", file=sys.stderr)
+        return e.status if isinstance(e, CommandError) else 2
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -73,8 +80,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from .eval.benchmarks import BenchmarkFormatError
     from .train.checkpoint import CheckpointError
 
-    return (ConfigError, CheckpointError, DataFormatError, ShardError, BenchmarkFormatError, FileNotFoundError,
-            IsADirectoryError, NotADirectoryError, PermissionError)
+    return (ConfigError, CheckpointError, DataFormatError, ShardError, BenchmarkFormatError, FileExistsError,
+            FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 def _reader_gone(stream) -> bool:

@@ -1,5 +1,6 @@
-"""`learntok train` and `learntok compare` given a bad config or run directory: one `error: ...` line on
-stderr naming the file (and line) or the key, nothing on stdout, exit status 2, no traceback."""
+"""Every command's own errors, and `learntok train` and `learntok compare` given a bad config or run
+directory: one `learntok COMMAND: error: ...` line on stderr naming what is wrong (the file and line, the
+key), nothing on stdout, exit status 2, no traceback."""
 
 from __future__ import annotations
 
@@ -9,10 +10,28 @@ from learntok.cli import main
 from learntok.config import load_config
 
 
-def one_error_line(capsys) -> str:
+def one_error_line(capsys, command: str) -> str:
+    """The message of the one error line on stderr, after its prefix."""
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), (out, err)
-    return err.strip()
+    prefix = f"learntok {command}: error: "
+    assert out == "" and err.count("\n") == 1 and err.startswith(prefix), (out, err)
+    return err.strip().removeprefix(prefix)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["score", "RUN"], "give TEXT arguments or --file F"),
+    (["segment", "RUN", "some text", "--file", "some.txt"], "give either TEXT or --file, not both"),
+    (["generate", "RUN", "--max-bytes", "-1"], "--max-bytes and --threads must be >= 0 (got -1, 1)"),
+    (["compare", "--flops", "1e9", "--strategies", ""], "--strategies lists no strategy"),
+    (["eval", "--checkpoint", "RUN", "--tasks", "mmlu"],
+     "unknown task 'mmlu'; choose from piqa, hellaswag, arc_easy, lambada"),
+    (["prepare", "--out", "OUT"], "give at least one INPUT (or --bpe-only to add BPE boundaries to --out)"),
+    (["train"], "give --config FILE (or --resume RUN_DIR)"),
+])
+def test_every_command_says_its_errors_the_same_way(argv, message, capsys):
+    """Found before any model or data is read: the one prefix and exit status of `learntok.cli`."""
+    assert main(argv) == 2
+    assert one_error_line(capsys, argv[0]) == message
 
 
 @pytest.mark.parametrize("content, message", [
@@ -22,18 +41,18 @@ def one_error_line(capsys) -> str:
 def test_train_with_a_bad_config_file(tmp_path, capsys, content, message):
     (tmp_path / "mine.yaml").write_text(content)
     assert main(["train", "--config", str(tmp_path / "mine.yaml"), "--run-dir", str(tmp_path / "run")]) == 2
-    assert message in one_error_line(capsys)
+    assert message in one_error_line(capsys, "train")
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.n_heads=0", "error: model.n_heads=0 must be >= 1"),
-    ("train.lr=[", "error: train.lr: expected a number, got '['"),
-    ("data.val_fraction=1.5", "error: data.val_fraction=1.5 must lie strictly between 0 and 1"),
+    ("model.n_heads=0", "model.n_heads=0 must be >= 1"),
+    ("train.lr=[", "train.lr: expected a number, got '['"),
+    ("data.val_fraction=1.5", "data.val_fraction=1.5 must lie strictly between 0 and 1"),
 ])
 def test_train_with_a_bad_override(tmp_path, capsys, override, message):
     assert main(["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "run"), override]) == 2
-    assert one_error_line(capsys) == message
+    assert one_error_line(capsys, "train") == message
 
 
 @pytest.mark.parametrize("saved, message", [
@@ -45,14 +64,14 @@ def test_train_with_a_bad_override(tmp_path, capsys, override, message):
 def test_resume_with_a_broken_saved_config_names_it(tmp_path, capsys, saved, message):
     (tmp_path / "config.yaml").write_text(saved)
     assert main(["train", "--resume", str(tmp_path)]) == 2
-    assert message in one_error_line(capsys)
+    assert message in one_error_line(capsys, "train")
 
 
 def test_resume_validates_the_saved_config_with_the_overrides(tmp_path, capsys):
     """A saved value refused today names its key, and an override given with --resume can replace it."""
     (tmp_path / "config.yaml").write_text("train:\n  eval_batches: 0\n")
     assert main(["train", "--resume", str(tmp_path)]) == 2
-    assert one_error_line(capsys) == "error: train.eval_batches=0 must be >= 1"
+    assert one_error_line(capsys, "train") == "train.eval_batches=0 must be >= 1"
     assert load_config(tmp_path / "config.yaml", ["train.eval_batches=1"]).train.eval_batches == 1
 
 
@@ -63,12 +82,12 @@ def test_only_rank_0_prints_the_error(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--config", "nope"], "error: config 'nope' is neither a file nor a shipped config"),
-    (["model.window=0"], "error: model.window=0 must be >= 1"),
-    (["--strategies", ","], "error: --strategies lists no strategy"),
-    (["--seeds", "0"], "error: --seeds, --eval-points"),
+    (["--config", "nope"], "config 'nope' is neither a file nor a shipped config"),
+    (["model.window=0"], "model.window=0 must be >= 1"),
+    (["--strategies", ","], "--strategies lists no strategy"),
+    (["--seeds", "0"], "--seeds, --eval-points"),
 ])
 def test_compare_errors_go_to_stderr(tmp_path, capsys, args, message):
     assert main(["compare", "--flops", "1e9", "--out", str(tmp_path / "report"), *args]) == 2
-    assert one_error_line(capsys).startswith(message)
+    assert one_error_line(capsys, "compare").startswith(message)
     assert not (tmp_path / "report").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -275,3 +276,46 @@ def test_a_run_with_other_settings_is_neither_reused_nor_resumed(prepared, tmp_p
     assert list_checkpoints(run_dir) == checkpoints and not (run_dir / "result.json").exists()
     assert "(resuming)" in compare()
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+
+
+def test_a_finished_run_asked_for_other_draws_is_evaluated_again_not_trained_again(prepared, tmp_path):
+    """--eval-samples, --analysis-samples and the paragraph are not in a run's config: the same --out with
+    others evaluates the finished run again from its final checkpoint, without training it, and its result
+    says how it was evaluated. Asked for as at first, it gives the first evaluation exactly; a run whose
+    final checkpoint is gone cannot be evaluated again and says so."""
+    from learntok.compare import run_comparison
+    from learntok.config import ConfigError
+    from learntok.train.checkpoint import list_checkpoints
+
+    out = tmp_path / "report"
+    run_dir = out / "runs" / "random-seed0"
+
+    def compare(eval_samples=1, analysis_samples=1, paragraph="The quick brown fox."):
+        lines = []
+        settings = CompareSettings(None, ["random"], 3e8, out, [*TINY, f"data.source={prepared}", "data.mode=packed"],
+                                   eval_points=1, eval_samples=eval_samples, analysis_samples=analysis_samples,
+                                   heldout_sequences=4, paragraph=paragraph)
+        run_comparison(settings, log=lines.append)
+        return "\n".join(lines), json.loads((run_dir / "result.json").read_text())
+
+    _, first = compare()
+    trained = (run_dir / "metrics.jsonl").read_text(), list_checkpoints(run_dir)
+    log, more = compare(eval_samples=2, analysis_samples=2)
+    assert "evaluating the finished run" in log and "--eval-samples: 1 there, 2 asked for" in log
+    assert (more["eval_samples"], more["analysis_samples"]) == (2, 2) and more["bpb_std_over_samples"] > 0
+    assert more["bpb"] != first["bpb"] and more["analysis"] != first["analysis"]
+    assert json.loads((out / "results.json").read_text())["runs"] == [more]
+    assert ((run_dir / "metrics.jsonl").read_text(), list_checkpoints(run_dir)) == trained  # not trained again
+    assert "reusing the finished run" in compare(eval_samples=2, analysis_samples=2)[0]
+    log, again = compare()
+    assert "--analysis-samples: 2 there, 1 asked for" in log and again == first
+    log, _ = compare(paragraph="Another paragraph.")
+    assert "another paragraph to segment" in log
+    assert json.loads((run_dir / "segmentation.json").read_text())["text"] == "Another paragraph."
+
+    for checkpoint in list_checkpoints(run_dir):
+        shutil.rmtree(checkpoint)
+    with pytest.raises(ConfigError, match=r"random-seed0 holds a finished run evaluated otherwise than this command "
+                                          r"asks \(--eval-samples: 1 there, 3 asked for\), and no longer its final "
+                                          r"checkpoint \(step \d+\) to evaluate it again"):
+        compare(eval_samples=3, paragraph="Another paragraph.")

@@ -89,15 +89,7 @@ def test_demo_leaves_a_folder_that_is_not_a_run_alone(tmp_path, capsys):
 
 
 def test_a_bad_demo_config_is_one_error_line(tmp_path, capsys):
-    """Called as the command's own `run` (not through `learntok.cli`, which may catch errors for it)."""
-    import argparse
-
-    from learntok.commands import demo_command
-
-    parser = argparse.ArgumentParser()
-    demo_command.add_arguments(parser)
-    args = parser.parse_args(["--run-dir", str(tmp_path / "demo"), "--no-progress", "model.n_heads=3"])
-    assert demo_command.run(args) == 2
+    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", "model.n_heads=3"]) == 2
     assert capsys.readouterr().err.startswith("learntok demo: error: model.d_model=128 must split into n_heads=3")
     assert not (tmp_path / "demo").exists()
 

@@ -8,7 +8,8 @@ segmentation.png and .html, command.txt, runs/). See `learntok.compare` for how 
 
 Strategies that are not registered, or whose data cannot be made (e.g. `bpe` on a dataset without a BPE
 track), are reported as skipped. Running the same command again with the same --out continues an
-interrupted comparison (finished runs are reused, unfinished ones resumed).
+interrupted comparison (finished runs are reused, unfinished ones resumed); with other --eval-samples,
+--analysis-samples or --paragraph-file it evaluates the finished runs again, without training them again.
 
 Exit status: 0 done (even with skipped strategies), 1 no strategy could be trained, 2 bad arguments or
 config, 128 + N stopped by signal N (a checkpoint was saved; run the command again to continue).
@@ -21,6 +22,8 @@ import shlex
 import sys
 import time
 from pathlib import Path
+
+from . import CommandError
 
 
 def _number(text: str) -> float:
@@ -65,16 +68,14 @@ def run(args: argparse.Namespace) -> int:
     from ..compare import CompareSettings, run_comparison
     from ..boundaries import FIXED_RATE
     from ..compare.run import budget_for_bytes
-    from ..config import ConfigError, load_config
+    from ..config import load_config
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
-        print("error: --strategies lists no strategy", file=sys.stderr)
-        return 2
+        raise CommandError("--strategies lists no strategy")
     if min(args.seeds, args.eval_points, args.eval_samples, args.analysis_samples, args.heldout_sequences) < 1:
-        print("error: --seeds, --eval-points, --eval-samples, --analysis-samples and --heldout-sequences must be >= 1",
-              file=sys.stderr)
-        return 2
+        raise CommandError("--seeds, --eval-points, --eval-samples, --analysis-samples and --heldout-sequences "
+                           "must be >= 1")
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         check(load_config(args.config, args.overrides).boundaries)  # bad keys fail now, not after the first run
@@ -83,9 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if flops is None:
             flops = budget_for_bytes(args.config, args.overrides, args.budget_bytes)
             print(f"budget: {flops:.4g} training FLOPs (the {FIXED_RATE} strategy over {args.budget_bytes:.4g} bytes)")
-    except (ConfigError, FileNotFoundError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:  # a config error (a ValueError), a --paragraph-file that cannot be read
+        raise CommandError(str(e)) from None
     command = "learntok " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["compare"] else ""
     if not command:  # called as a function (tests): rebuild the line from the arguments
         parts = ["learntok compare"] + ([f"--config {args.config}"] if args.config else [])

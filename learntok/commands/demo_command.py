@@ -8,9 +8,10 @@ import argparse
 import os
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
+
+from . import CommandError
 
 # What a run directory holds (train/trainer.py, train/metrics.py, train/checkpoint.py): config.yaml,
 # metrics.jsonl, tensorboard/, step_XXXXXX/ checkpoints, and the temporaries of their atomic writes
@@ -54,28 +55,20 @@ def not_replaceable(run_dir: Path) -> str | None:
             f"run directory, so it leaves this one alone: choose another --run-dir (or move those files out of it)")
 
 
-def error(message: str) -> int:
-    print(f"learntok demo: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     from ..analysis import analyse
     from ..data.demo import build_demo_corpus, showcase_paragraph
-    from ..config import ConfigError, load_config
+    from ..config import load_config
     from ..display import legend, render, segment, use_colour
     from ..eval.sequences import evaluate
     from ..train.trainer import Trainer
 
     t0 = time.perf_counter()
-    try:
-        cfg = load_config("cpu_default", args.overrides)
-    except ConfigError as e:
-        return error(str(e))
+    cfg = load_config("cpu_default", args.overrides)  # a ConfigError: `learntok.cli` says what is wrong
     run_dir = Path(args.run_dir)
     refusal = not_replaceable(run_dir)
     if refusal is not None:
-        return error(refusal)
+        raise CommandError(refusal)
     t = cfg.train
     print(f"learntok demo: a {cfg.boundaries.name!r}-boundary U-Net (d={cfg.model.d_model}, "
           f"{cfg.model.n_down_layers}/{cfg.model.n_mid_layers}/{cfg.model.n_up_layers} layers) learns where tokens end,\n"
@@ -87,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
     except ValueError as e:  # settings the trainer cannot run with here (model.attention=flex on a CPU)
-        return error(str(e))
+        raise CommandError(str(e)) from None
     n_params = sum(p.numel() for p in trainer.model.parameters())
     print(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters, {trainer.total_steps} steps of "
           f"{t.batch_size} x {t.seq_len} bytes, run directory {args.run_dir}\n")

@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import CommandError
+
 SUITES = {"paper": ("piqa", "hellaswag", "arc_easy", "lambada")}
 
 
@@ -114,18 +116,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.device = resolve_device(args.device)
     except ValueError as e:
-        _say(f"error: --device: {e}")
-        return 2
+        raise CommandError(f"--device: {e}") from None
     if args.name and len(args.name) != len(args.checkpoint):
-        _say(f"error: {len(args.name)} --name for {len(args.checkpoint)} --checkpoint")
-        return 2
+        raise CommandError(f"{len(args.name)} --name for {len(args.checkpoint)} --checkpoint")
     tasks: list[str] = list(SUITES[args.suite]) if args.suite else []
     if args.tasks:
         for t in args.tasks.split(","):
             key = t.strip().lower().replace("-", "_")
             if key not in TASKS:
-                _say(f"error: unknown task {t!r}; choose from {', '.join(TASKS)}")
-                return 2
+                raise CommandError(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
             if key not in tasks:
                 tasks.append(key)
     want_heldout = bool(args.suite or args.data or not tasks)
@@ -133,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
         _say("(--compile scores the benchmarks about 1.5x faster, after a minute of compiling)")
     eval_dir = Path(args.eval_dir) if args.eval_dir else default_eval_dir()
     if args.eval_dir and not eval_dir.is_dir():
-        _say(f"error: --eval-dir {eval_dir} is not a folder")
-        return 2
+        raise CommandError(f"--eval-dir {eval_dir} is not a folder")
 
     rows: dict[str, dict] = {}
     failures = 0
@@ -148,26 +146,23 @@ def run(args: argparse.Namespace) -> int:
                                          mode=args.boundaries, samples=args.samples, seed=args.seed,
                                          batch_size=args.batch_size, compile=args.compile)
         except (CheckpointError, FileNotFoundError, ValueError) as e:
-            _say(f"error: {ckpt}: {e}")
-            return 2
+            raise CommandError(f"{ckpt}: {e}") from None
         cfg = scorer.run_config
         own_heldout = run_heldout_source(cfg)
         if scorer.data_track and tasks:
-            _say(f"error: {ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data "
-                 f"({scorer.data_track!r} track), and benchmark items bring none: score held-out text only")
-            return 2
+            raise CommandError(f"{ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data "
+                               f"({scorer.data_track!r} track), and benchmark items bring none: score held-out "
+                               f"text only")
         if want_heldout and heldout_docs is None:
             heldout_source = args.data or own_heldout
             if heldout_source is None:
                 trained_on = f"trained on {cfg.data.source!r}, which is not here" if cfg else "does not say what it trained on"
-                _say(f"error: {ckpt} {trained_on}; give --data")
-                return 2
+                raise CommandError(f"{ckpt} {trained_on}; give --data")
             try:
                 heldout_docs, what = read_heldout(heldout_source, field=args.field, limit=args.max_docs,
                                                   max_bytes=args.max_bytes)
             except ValueError as e:  # no document, a malformed line (it names its file and line), ...
-                _say(f"error: held-out text: {e}")
-                return 2
+                raise CommandError(f"held-out text: {e}") from None
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
             _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
@@ -176,18 +171,16 @@ def run(args: argparse.Namespace) -> int:
             try:
                 heldout_bits = heldout_boundaries(heldout_source, scorer.data_track, heldout_docs)
             except ValueError as e:
-                _say(f"error: {ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data: {e}")
-                return 2
+                raise CommandError(f"{ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data: "
+                                   f"{e}") from None
         if scorer.needs_calibration:
             source = args.calibration_data or own_heldout or args.data
             if source is None:
-                _say("error: quantile mode needs text to calibrate on: give --calibration-data")
-                return 2
+                raise CommandError("quantile mode needs text to calibrate on: give --calibration-data")
             try:
                 docs, what = read_heldout(source, field=args.field, max_bytes=1 << 16)
             except ValueError as e:
-                _say(f"error: calibration text: {e}")
-                return 2
+                raise CommandError(f"calibration text: {e}") from None
             scorer.calibrate(docs, source=what)
             _say(f"{name}: threshold tau = {scorer.tau:.4f} gives rate {scorer.calibration['realised_rate']:.3f} "
                  f"on {scorer.calibration['bytes']:,} bytes of {what}")

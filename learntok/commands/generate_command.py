@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from . import CommandError
 from .segment_command import MODEL_HELP, load
 
 
@@ -41,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
     try:  # before anything is printed
         check_sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise CommandError(str(e)) from None
     if args.max_bytes < 0 or args.threads < 0:
-        raise SystemExit(f"error: --max-bytes and --threads must be >= 0 (got {args.max_bytes}, {args.threads})")
+        raise CommandError(f"--max-bytes and --threads must be >= 0 (got {args.max_bytes}, {args.threads})")
     model = load(args.model, args.device)
     prompt = os.fsencode(args.prompt)  # the bytes typed, also when they are not UTF-8
     out = sys.stdout
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                           top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
                           stop_on_eos=not args.ignore_eos, on_bytes=emit, threads=args.threads, compile=args.compile)
     except NotImplementedError as e:  # a strategy that cannot generate (bpe, file), found before any byte is drawn
-        raise SystemExit(f"\nerror: {e}") from None
+        out.write("\n")  # ends the prompt's line, so that the error is a line of its own in a terminal
+        raise CommandError(str(e)) from None
     seconds = time.perf_counter() - t0
     out.write(decoder.decode(b"", final=True) + "\n")
     if args.show_boundaries:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from learntok.commands import CommandError
 from learntok.data.readers import FORMATS
 from learntok.data.shards import DEFAULT_SHARD_BYTES
 
@@ -81,11 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from learntok.data.shards import ShardError
 
     if args.bpe_only:
-        return _bpe_only(args, ShardError)
+        return _bpe_only(args)
     if not args.inputs:
-        print("learntok prepare: error: give at least one INPUT (or --bpe-only to add BPE boundaries to --out)",
-              file=sys.stderr)
-        return 2
+        raise CommandError("give at least one INPUT (or --bpe-only to add BPE boundaries to --out)")
 
     opts = PrepareOptions(
         inputs=args.inputs, out=args.out, format=args.format, field=args.field,
@@ -96,47 +95,30 @@ def run(args: argparse.Namespace) -> int:
         boundary_separator=args.boundary_separator, boundary_shift=args.boundary_shift, bpe_rate=args.bpe_rate,
         bpe_max_vocab=args.bpe_max_vocab, bpe_train_bytes=args.bpe_train_bytes,
     )
-    try:
+    try:  # an --out that may not be replaced (FileExistsError) is bad arguments, left to `learntok.cli`
         summary = prepare(opts)
-    except FileExistsError as e:  # an --out that exists and may not be replaced: bad arguments
-        print(f"learntok prepare: error: {e}", file=sys.stderr)
-        return 2
     except (DataFormatError, FileNotFoundError, ImportError, ValueError, ShardError) as e:
-        # Expected failures (bad input, wrong options): one clear line, no traceback.
-        print(f"learntok prepare: error: {e}", file=sys.stderr)
         # Only for malformed lines: for a wrong field, skipping would skip every record.
-        if isinstance(e, DataFormatError) and "invalid JSON" in str(e) and not args.skip_bad_lines:
-            print("(pass --skip-bad-lines to skip and count malformed records)", file=sys.stderr)
-        return 1
+        hint = ("\n(pass --skip-bad-lines to skip and count malformed records)"
+                if isinstance(e, DataFormatError) and "invalid JSON" in str(e) and not args.skip_bad_lines else "")
+        raise CommandError(f"{e}{hint}", status=1) from None
     if not args.quiet:
         print(format_summary(summary))
     return 0
 
 
-def _bpe_only(args: argparse.Namespace, shard_error) -> int:
+def _bpe_only(args: argparse.Namespace) -> int:
     """`--bpe-only`: add (or replace) the `bpe` track of the existing dataset --out."""
     from learntok.data.bpe import add_bpe_track
-    from learntok.data.shards import BPE_TRACK, describe_track
+    from learntok.data.shards import BPE_TRACK, ShardError, describe_track
 
     if args.inputs or args.bpe_rate is None:
-        print("learntok prepare: error: --bpe-only takes no INPUT and needs --bpe-rate", file=sys.stderr)
-        return 2
+        raise CommandError("--bpe-only takes no INPUT and needs --bpe-rate")
     try:
         info = add_bpe_track(args.out, args.bpe_rate, max_vocab=args.bpe_max_vocab, train_bytes=args.bpe_train_bytes,
                              progress=not args.quiet and sys.stderr.isatty())
-    except (ImportError, ValueError, shard_error) as e:
-        print(f"learntok prepare: error: {e}", file=sys.stderr)
-        return 1
+    except (ImportError, ValueError, ShardError) as e:
+        raise CommandError(str(e), status=1) from None
     if not args.quiet:
         print(describe_track(BPE_TRACK, info))
     return 0
-
-
-def _main() -> int:  # `python -m learntok.commands.prepare` for debugging
-    parser = argparse.ArgumentParser(prog="learntok prepare")
-    add_arguments(parser)
-    return run(parser.parse_args())
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

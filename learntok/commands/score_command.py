@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import CommandError
 from .segment_command import MODEL_HELP, load
 
 
@@ -48,9 +49,9 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
     for file in files:
         path = Path(file)
         if path.is_dir():
-            raise SystemExit(f"error: {file} is a folder; give text or JSON-lines files")
+            raise CommandError(f"{file} is a folder; give text or JSON-lines files")
         if not path.is_file():
-            raise SystemExit(f"error: {file}: no such file")
+            raise CommandError(f"{file}: no such file")
         if not path.name.endswith((".jsonl", ".jsonl.gz")):
             yield str(path), path.read_bytes()
             continue
@@ -76,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
     from ..hub import default_context
 
     if not args.texts and not args.file:
-        raise SystemExit("error: give TEXT arguments or --file F")
+        raise CommandError("give TEXT arguments or --file F")
     if min(args.samples, args.batch_size, args.context or 1) < 1:
-        raise SystemExit("error: --samples, --batch-size and --context must be >= 1")
+        raise CommandError("--samples, --batch-size and --context must be >= 1")
     model = load(args.model, args.device)
     if args.compile:
         model.compile_layers(dynamic=True)  # as `learntok eval --compile`
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             scores = score_texts(model, texts, seed=args.seed, samples=args.samples, context=args.context,
                                  batch_size=args.batch_size)
         except ValueError as e:  # --samples 0, or a strategy whose boundaries come with the data (file)
-            raise SystemExit(f"error: {e}") from None
+            raise CommandError(str(e)) from None
         for name, s in zip(names, scores, strict=True):
             n += 1
             total_bits += s.bits

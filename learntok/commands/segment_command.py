@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import CommandError
+
 MODEL_HELP = ("a model directory (save_pretrained), a training run or checkpoint directory, "
               "or a Hugging Face Hub repo id (owner/name)")
 
@@ -43,16 +45,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def read_text(text: str | None, file: str | None) -> bytes:
     """The positional text, else the file, else standard input (when it is not a terminal)."""
     if text is not None and file is not None:
-        raise SystemExit("error: give either TEXT or --file, not both")
+        raise CommandError("give either TEXT or --file, not both")
     if text is not None:
         return os.fsencode(text)  # the bytes typed, also when they are not UTF-8
     if file is not None:
         try:
             return Path(file).read_bytes()
         except OSError as e:
-            raise SystemExit(f"error: cannot read {file}: {e.strerror}") from None
+            raise CommandError(f"cannot read {file}: {e.strerror}") from None
     if sys.stdin.isatty():
-        raise SystemExit("error: give a TEXT, --file F, or pipe text into standard input")
+        raise CommandError("give a TEXT, --file F, or pipe text into standard input")
     return sys.stdin.buffer.read()
 
 
@@ -64,7 +66,7 @@ def load(path: str, device: str):
     try:
         return from_pretrained(path, device=resolve_device(device))
     except (CheckpointError, ImportError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        raise CommandError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
     data = read_text(args.text, args.file)
     if args.context is not None and args.context < 1:
-        raise SystemExit("error: --context must be >= 1")
+        raise CommandError("--context must be >= 1")
     if args.tau is not None and args.boundaries != "quantile":
-        raise SystemExit("error: --tau is the threshold of --boundaries quantile")
+        raise CommandError("--tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)
     tau = None  # a fixed rule has no threshold
     try:
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             tau = args.tau if args.tau is not None else display.quantile_threshold(model, data, args.context)
         seg = display.segment(model, data, seed=args.seed, context=args.context, boundaries=args.boundaries, tau=tau)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise CommandError(str(e)) from None
     title = args.title or (f"{Path(args.file).name}: learned tokens" if args.file else "learned tokens")
     if args.html:
         Path(args.html).write_text(display.to_html(seg, title), encoding="utf-8")
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             display.save_png(seg, args.png, width=args.width, title=title)
         except ImportError as e:
-            raise SystemExit(f"error: {e}") from None
+            raise CommandError(str(e)) from None
     if args.json:
         out = display.to_json(seg)
         if tau is not None:

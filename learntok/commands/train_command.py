@@ -16,9 +16,10 @@ Several processes: `torchrun --nproc-per-node N -m learntok.cli train --config .
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
+
+from . import CommandError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,8 +46,8 @@ def _run(args: argparse.Namespace) -> int:
     from ..train.checkpoint import CheckpointError
     from ..train.trainer import NonFiniteError, Trainer
 
-    main = os.environ.get("RANK", "0") == "0"  # torchrun: only rank 0 prints
-    say = print if main else (lambda *a, **k: None)  # errors: say(..., file=sys.stderr)
+    main = os.environ.get("RANK", "0") == "0"  # torchrun: only rank 0 prints (errors too: `learntok.cli`)
+    say = print if main else (lambda *a, **k: None)
     try:
         if args.resume:
             run_dir = Path(args.resume)
@@ -73,9 +74,8 @@ def _run(args: argparse.Namespace) -> int:
             cfg = load_config(args.config, args.overrides)
             run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{_timestamp()}")
             trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
-        say(f"error: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:  # a ConfigError, or settings the trainer cannot run with (flex attention on a CPU)
+        raise CommandError(str(e)) from None
     t = cfg.train
     n_params = sum(p.numel() for p in trainer.model.parameters())
     tb = ("; TensorBoard: tensorboard/" if trainer.metrics.writer is not None else
@@ -88,12 +88,8 @@ def _run(args: argparse.Namespace) -> int:
           + f"\nrun directory: {run_dir} (metrics.jsonl{tb})", flush=True)
     try:
         last = trainer.train()
-    except NonFiniteError as e:
-        say(f"error: {e}", file=sys.stderr)
-        return 1
-    except CheckpointError as e:
-        say(f"error: {e}", file=sys.stderr)
-        return 1
+    except (NonFiniteError, CheckpointError) as e:  # a run stopped by an error, not by its settings
+        raise CommandError(str(e), status=1) from None
     if last and "bpb" in last:
         say(f"step {last['step']}: train bpb {last['bpb']:.3f}, held-out bpb {last.get('val_bpb', float('nan')):.3f}, "
               f"boundary rate {last['boundary_rate']:.3f}")

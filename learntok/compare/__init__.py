@@ -44,7 +44,9 @@ Running is `learntok.compare.run` (settings, the budget's plan, one run, the BPE
 results.json, bpb_vs_flops.png, segmentation.png, segmentation.html, command.txt, and
 runs/<strategy>-seed<k>/ (each a normal run directory: config.yaml, metrics.jsonl, checkpoints,
 result.json). A comparison interrupted part-way continues where it stopped when run again with the same
---out: finished runs (result.json) are reused, a run with checkpoints is resumed.
+--out: finished runs (result.json) are reused, a run with checkpoints is resumed. A finished run that was
+evaluated otherwise than asked (`eval_samples`, `analysis_samples`, the paragraph) is evaluated again from
+its final checkpoint, not trained again.
 """
 
 from __future__ import annotations

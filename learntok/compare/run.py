@@ -1,6 +1,7 @@
 """Running a comparison: its settings, the FLOPs budget's plan, one strategy's training run (reused or
 resumed when the report folder already holds it with the same config and budget, refused when it holds it
-with others), the BPE reference every run is measured against, and the paragraph every model segments. See
+with others; a finished run evaluated otherwise than this command asks is evaluated again from its final
+checkpoint), the BPE reference every run is measured against, and the paragraph every model segments. See
 `learntok.compare` for the method."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ..config import ConfigError, RunConfig, load_config, to_dict
 from ..data.bpe import bpe_boundaries
 from ..data.loader import make_data
 from ..eval.sequences import evaluate
-from ..train.checkpoint import config_differences
+from ..train.checkpoint import config_differences, list_checkpoints, load_model, read_state
+from ..train.distributed import resolve_device
 from ..train.metrics import read_metrics
 from ..train.trainer import Trainer, build_model
 
@@ -55,6 +57,7 @@ class RunResult:
     bpb: float = float("nan")  # held-out, boundaries sampled, mean over `eval_samples` draws
     bpb_std_over_samples: float = 0.0
     eval_samples: int = 0
+    analysis_samples: int = 0  # boundary draws of `analysis` (0: results written before it was kept)
     flops: float = 0.0  # cumulative training FLOPs at the end
     bytes: float = 0.0  # training bytes seen
     steps: int = 0
@@ -119,8 +122,6 @@ def run_folder(settings: CompareSettings, strategy: str, seed: int) -> Path:
 
 def train_one(settings: CompareSettings, strategy: str, seed: int, reference, log=print) -> RunResult:
     """Train (or reuse, or resume) one strategy at the budget, evaluate and analyse it."""
-    from ..analysis import analyse
-
     run_dir = run_folder(settings, strategy, seed)
     result = RunResult(strategy, seed, "skipped", run_dir=str(run_dir))
     if strategy not in STRATEGIES:
@@ -129,9 +130,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     cfg = run_config(settings, strategy, seed)
     finished, resume = check_run_folder(run_dir, cfg)
     if finished:
-        saved = json.loads((run_dir / "result.json").read_text())
-        log(f"  reusing the finished run in {run_dir}")
-        return RunResult(**saved)
+        return reuse_finished(settings, cfg, run_dir, reference, log)
     owner = _owner(run_dir)
     if owner is not None:
         result.message = f"being trained by another process (pid {owner}); run the command again once it has finished"
@@ -163,26 +162,69 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     if trainer.stopped_by is not None:
         raise KeyboardInterrupt(f"stopped by signal {trainer.stopped_by}; run the same command again to continue")
     result.wall_s = time.perf_counter() - start
-    model, device = trainer.model, trainer.device
-    stochastic = getattr(model.boundaries, "stochastic", False)
-    samples = settings.eval_samples if stochastic else 1
-    ev = evaluate(model, data.val, samples=samples, device=device, per_sequence=True)
-    ref = reference.for_batches(data.val)
-    report = analyse(model, data.val, bpe_reference=ref, samples=settings.analysis_samples if stochastic else 1,
-                     seed=1234)
-    rows = read_metrics(run_dir / "metrics.jsonl")
     result.status = "ok"
-    result.bpb, result.bpb_std_over_samples, result.eval_samples = ev["bpb"], ev["bpb_std_over_samples"], samples
-    result.sequence_bits, result.sequence_bytes = ev["sequence_bits"], ev["sequence_bytes"]
     result.flops, result.bytes, result.steps = float(trainer.flops), float(trainer.bytes_seen), trainer.step
     result.planned_flops_per_byte = per_byte
+    result.curve = [(r["flops"], r["val_bpb"]) for r in read_metrics(run_dir / "metrics.jsonl") if "val_bpb" in r]
+    evaluate_run(settings, result, trainer.model, data, reference, trainer.device)
+    return result
+
+
+def evaluation_samples(settings: CompareSettings, strategy: str) -> tuple[int, int]:
+    """The boundary draws of a run's final evaluation and of its boundary measures: one for a deterministic
+    strategy, whose every draw is the same."""
+    if not STRATEGIES[strategy].stochastic:
+        return 1, 1
+    return settings.eval_samples, settings.analysis_samples
+
+
+def evaluate_run(settings: CompareSettings, result: RunResult, model, data, reference, device) -> None:
+    """Evaluate and analyse a trained run's `model` on its held-out data and segment the paragraph, into
+    `result` and the run's folder: result.json (which marks the run finished) and segmentation.json."""
+    from ..analysis import analyse
+
+    run_dir = Path(result.run_dir)
+    eval_samples, analysis_samples = evaluation_samples(settings, result.strategy)
+    ev = evaluate(model, data.val, samples=eval_samples, device=device, per_sequence=True)
+    ref = reference.for_batches(data.val)
+    report = analyse(model, data.val, bpe_reference=ref, samples=analysis_samples, seed=1234)
+    result.bpb, result.bpb_std_over_samples = ev["bpb"], ev["bpb_std_over_samples"]
+    result.eval_samples, result.analysis_samples = eval_samples, analysis_samples
+    result.sequence_bits, result.sequence_bytes = ev["sequence_bits"], ev["sequence_bytes"]
     result.analysis = {**report.to_dict(), "bpe_reference": reference.description,
                        "heldout_sequences": sum(len(b.inputs) for b in data.val),
                        "heldout_bytes": int(sum(int(b.valid.sum()) for b in data.val))}
-    result.curve = [(r["flops"], r["val_bpb"]) for r in rows if "val_bpb" in r]
     segmentation = segment_paragraph(model, settings.paragraph)
     (run_dir / "segmentation.json").write_text(json.dumps(segmentation.to_json()))
     (run_dir / "result.json").write_text(json.dumps(asdict(result)))
+
+
+def reuse_finished(settings: CompareSettings, cfg: RunConfig, run_dir: Path, reference, log=print) -> RunResult:
+    """The result of the finished run in `run_dir`, evaluated again from its final checkpoint (not trained
+    again) where this command evaluates otherwise than it was: the draws of `--eval-samples` and
+    `--analysis-samples` and the paragraph are not in the run's config, which `check_same_run` compares (the
+    held-out sequences are: `--heldout-sequences` sets `train.eval_batches`)."""
+    result = RunResult(**json.loads((run_dir / "result.json").read_text()))
+    result.run_dir = str(run_dir)  # where it is now, should the report folder have moved
+    eval_samples, analysis_samples = evaluation_samples(settings, result.strategy)
+    # (a result written before the analysis draws were kept has 0 of them: taken as asked, not evaluated again)
+    changes = [f"{flag}: {had} there, {asked} asked for" for flag, had, asked in
+               (("--eval-samples", result.eval_samples, eval_samples),
+                ("--analysis-samples", result.analysis_samples or analysis_samples, analysis_samples)) if had != asked]
+    if json.loads((run_dir / "segmentation.json").read_text())["text"] != settings.paragraph:
+        changes.append("another paragraph to segment")
+    if not changes:
+        log(f"  reusing the finished run in {run_dir}")
+        return result
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints or read_state(checkpoints[-1])["step"] != result.steps:
+        raise ConfigError(f"{run_dir} holds a finished run evaluated otherwise than this command asks "
+                          f"({'; '.join(changes)}), and no longer its final checkpoint (step {result.steps}) to "
+                          f"evaluate it again; give the settings it was evaluated with, or another --out")
+    log(f"  evaluating the finished run in {run_dir} again from its final checkpoint ({'; '.join(changes)})")
+    device = resolve_device(cfg.train.device)
+    model, _ = load_model(checkpoints[-1], device)
+    evaluate_run(settings, result, model, make_data(cfg), reference, device)
     return result
 
 
