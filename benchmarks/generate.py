@@ -7,7 +7,9 @@
 `--batch-sizes` prints, for each torch thread count, cached generation's bytes/s at each batch size
 (B prompts of one length, generated as one batch: the aggregate over the rows) beside the bytes/s of a
 training step of the same model (forward, backward and AdamW on the run's batch shape, as
-`benchmarks/throughput.py` times it), measured in the same process one after the other.
+`benchmarks/throughput.py` times it), measured in the same process one after the other. With `--mixed`
+the B prompts have B different lengths (the prompt, then one byte longer each): prefilled length by
+length, then stepped as one batch, each row at its own position.
 
 Three ways to produce the same bytes (same seed, same boundary draws; the script checks they agree):
   cached          prefill the prompt, then one `ByteUNet.step` per byte: O(window + tokens) per byte
@@ -56,6 +58,7 @@ def main() -> int:
     p.add_argument("--skip-padded", action="store_true", help="leave out the slowest row")
     p.add_argument("--batch-sizes", default="", help="comma-separated: the side-by-side table instead (see above)")
     p.add_argument("--thread-counts", default="1", help="comma-separated torch thread counts for --batch-sizes")
+    p.add_argument("--mixed", action="store_true", help="with --batch-sizes: B prompts of B different lengths")
     p.add_argument("--compile", action="store_true",
                    help="also time cached generation with the compiled step (`generate(compile=True)`; its "
                         "compile time is printed apart, once per batch size and thread count)")
@@ -119,7 +122,8 @@ def side_by_side(model, cfg, what: str, args) -> int:
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     print(f"model: {what}; {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-          f"{model.boundaries.name} boundaries; {args.bytes} bytes per row after a {len(args.prompt.encode())}-byte prompt; "
+          f"{model.boundaries.name} boundaries; {args.bytes} bytes per row after a {len(args.prompt.encode())}-byte prompt"
+          f"{' (and one to B - 1 bytes longer)' if args.mixed else ''}; "
           f"training step: {cfg.train.batch_size} x {cfg.train.seq_len} bytes")
     modes = [("", False)] + ([(" compiled", True)] if args.compile else [])
     header = f"{'threads':>7} {'train step bytes/s':>19}" + "".join(
@@ -130,8 +134,8 @@ def side_by_side(model, cfg, what: str, args) -> int:
         (train,) = measure([Run(cfg, torch.device("cpu"), bf16=False, compile_model=False)], steps=5, warmup=2)
         row = f"{threads:>7} {train['bytes_s']:>19.0f}"
         for b in sizes:
-            # B prompts of the prompt's length (distinct bytes, one cache group): every row steps together
-            prompts = [args.prompt[:-1] + chr(33 + i % 90) for i in range(b)]
+            # B prompts of the prompt's length (distinct bytes), or (--mixed) of B lengths
+            prompts = [args.prompt[:-1] + chr(33 + i % 90) * (i + 1 if args.mixed else 1) for i in range(b)]
             for mode, compile in modes:
                 t0 = time.perf_counter()  # warm up (and compile the step)
                 generate(model, prompts, max_bytes=8, seed=args.seed, stop_on_eos=False, threads=None, compile=compile)

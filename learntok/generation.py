@@ -116,8 +116,8 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
              threads: int | None = 1, compile: bool = False) -> Generation | list[Generation]:
     """Sample up to `max_bytes` bytes after `prompt` (eval mode; boundaries sampled as in evaluation).
 
-    `prompt` may be a list of prompts, generated as one batch (rows whose prompts have the same length
-    step together; see `CachedRows`): the result is then a list of `Generation`, and a row that drew EOS
+    `prompt` may be a list of prompts, generated as one batch (every row steps together, prompts of any
+    lengths; see `CachedRows`): the result is then a list of `Generation`, and a row that drew EOS
     stops while the others go on.
     `seed` makes the bytes reproducible (None: a fresh one, returned in the result); the boundaries are
     those `score(..., seed=boundary_seed)` draws for the same text (see the module docstring).
@@ -212,9 +212,9 @@ def _torch_threads(n: int | None) -> Iterator[None]:
 
 class CachedRows:
     """Key/value caches for B rows generated together: `ByteUNet.prefill` on each row's prompt, then one
-    `ByteUNet.step` per byte. Rows whose prompts have the same length share one `InferenceCache` and
-    step as one batch; rows of different lengths step group by group (the caches keep one position
-    per batch). Each row's boundaries use `uniforms[t]` at its position t.
+    `ByteUNet.step` per byte for all rows. Prompts of the same length are prefilled as one batch; when the
+    lengths differ, their caches are then merged (`ByteUNet.merge_inference_caches`) so that every row steps
+    in one batch, each at its own position. Each row's boundaries use `uniforms[t]` at its position t.
 
     `rows`: B prompts (n_b,) starting with BOS; `new`: the bytes each row may still be fed; `uniforms`:
     (positions,) with room for the longest row; `compile`: step through `compiled_step`. `logits`
@@ -224,38 +224,45 @@ class CachedRows:
         self.uniforms = uniforms
         device = rows[0].device
         lengths = torch.tensor([len(r) for r in rows])
-        self.groups = []  # (row indices, InferenceCache, step, [(b, t) boundary blocks], [(b, t) probability blocks])
         self.logits = torch.zeros(len(rows), VOCAB_SIZE, device=device)
+        self.prompt_a, self.prompt_probs = [None] * len(rows), [None] * len(rows)  # per row, (n_b,)
+        caches, order = [], []  # the cache's rows are the rows `order` names
         for n in sorted(set(lengths.tolist())):
             index = (lengths == n).nonzero()[:, 0].tolist()
             cache = model.allocate_inference_cache(len(index), n + new)
             first = model.prefill(torch.stack([rows[i] for i in index]), cache, uniforms=uniforms[:n].expand(len(index), n))
             self.logits[index] = first.logits[:, -1]
-            step = compiled_step(model, len(index)) if compile else model.step
-            self.groups.append((torch.tensor(index, device=device), cache, step, [first.a], [_probs(first)]))
-        self.one_group = len(self.groups) == 1  # then its rows are all rows, in order: no indexing per byte
+            for k, i in enumerate(index):
+                self.prompt_a[i], self.prompt_probs[i] = first.a[k], _probs(first)[k]
+            caches.append(cache)
+            order += index
+        self.cache = caches[0] if len(caches) == 1 else model.merge_inference_caches(caches)
+        # the rows in the cache's order, and back (None: the same order)
+        self.order = None if order == sorted(order) else torch.tensor(order, device=device)
+        self.back = None if self.order is None else torch.argsort(self.order)
+        self.step = compiled_step(model, len(rows)) if compile else model.step
+        self.a, self.probs = [], []  # (B, 1) per step, in the cache's order
 
     def append(self, byte: torch.Tensor) -> torch.Tensor:
         """Feed one byte per row, (B,); returns the next logits (B, V)."""
-        for index, cache, step, a, probs in self.groups:
-            rows = byte if self.one_group else byte[index]
-            st = step(rows, cache, uniforms=self.uniforms[cache.position].expand(len(rows)))
-            if self.one_group:
-                self.logits = st.logits[:, -1]
-            else:
-                self.logits[index] = st.logits[:, -1]
-            a.append(st.a)
-            probs.append(_probs(st))
+        rows = byte if self.order is None else byte[self.order]
+        uniforms = self.uniforms[self.cache.positions()]  # (B,), or one for every row
+        # contiguous either way: a compiled step is called without its guards, so with one layout throughout
+        uniforms = uniforms.repeat(len(rows)) if uniforms.dim() == 0 else uniforms
+        st = self.step(rows, self.cache, uniforms=uniforms)
+        self.logits = st.logits[:, -1] if self.back is None else st.logits[self.back, -1]
+        self.a.append(st.a)
+        self.probs.append(_probs(st))
         return self.logits
 
     def boundaries(self, row: int, length: int | None = None) -> tuple[list[bool], list[float]]:
         """Row `row`'s boundary decisions and probabilities at its first `length` positions."""
-        for index, _, _, a, probs in self.groups:
-            k = (index == row).nonzero()
-            if len(k):
-                k = int(k[0, 0])
-                return torch.cat(a, 1)[k, :length].tolist(), torch.cat(probs, 1)[k, :length].tolist()
-        raise IndexError(f"no row {row}")
+        k = row if self.order is None else int((self.order == row).nonzero()[0, 0])
+        a, probs = [self.prompt_a[row]], [self.prompt_probs[row]]
+        if self.a:
+            a.append(torch.cat(self.a, 1)[k])
+            probs.append(torch.cat(self.probs, 1)[k])
+        return torch.cat(a)[:length].tolist(), torch.cat(probs)[:length].tolist()
 
 
 # Inductor settings of the compiled step: the weights become constants (on a CPU the small matrix products

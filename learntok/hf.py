@@ -36,7 +36,7 @@ the logits of the given positions are returned), left- or right-padded (``attent
 ``config.max_position_embeddings`` is the trained length less that BOS: the longest row a tool should give.
 
 **Generation** uses the U-Net's own caches, as `learntok.generate` does (:class:`LearntokCache` holds
-its `generation.CachedRows`: rows whose prompts have the same length step as one batch). As with any
+its `generation.CachedRows`: every row steps in one batch, whatever its prompt's length). As with any
 transformers model, a call with a cache takes the bytes the cache has not seen: the prompts first, then
 the bytes that follow, one or several per call.
 Greedy and sampling are supported; bytes are drawn by transformers' own processors and
@@ -129,7 +129,7 @@ class LearntokConfig(_SavesLearntokCode, PretrainedConfig):
 
 class LearntokCache:
     """What `generate` carries between calls of `forward`: the rows' `generation.CachedRows` (the U-Net's
-    byte-level windows, token level and strategy state, rows of one prompt length stepping together),
+    byte-level windows, token level and strategy state, every row stepping in one batch),
     made on the first call, and ``seen``, the columns of ``input_ids`` fed so far."""
 
     is_compileable = False

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from .boundaries.base import BoundaryStepInput, BoundaryStrategy
 from .config import BoundaryConfig, ModelConfig
 from .data.batch import PAD, VOCAB_SIZE
 from .model import resample
-from .model.layers import RMSNorm, Stack, StackCache, TokenStack, softcap
+from .model.layers import RMSNorm, Stack, StackCache, TokenStack, cat_rows, softcap
 
 
 @dataclass
@@ -54,8 +55,15 @@ class InferenceCache:
     decoder: StackCache  # the last `window` keys/values per decoder layer
     boundaries: object  # the strategy's own state (e.g. the last w decisions)
     token: torch.Tensor  # (B, C) mid output of each row's latest token, what upsample adds
-    position: int  # the position of the next byte
+    position: int  # the position of the next byte (of the rows furthest on, where `lag` is set)
     max_len: int  # positions the cache has room for (BOS + prompt + budget)
+    # (B,) int64: how many positions each row is behind `position` (rows of prompts of different lengths
+    # stepping together, `ByteUNet.merge_inference_caches`); None: every row is at `position`
+    lag: torch.Tensor | None = None
+
+    def positions(self) -> int | torch.Tensor:
+        """The position of each row's next byte: `position`, or (B,) where the rows' positions differ."""
+        return self.position if self.lag is None else self.position - self.lag
 
 
 @dataclass
@@ -251,6 +259,8 @@ class ByteUNet(nn.Module):
         (B, n), the draws at these positions."""
         B, n = inputs.shape
         P = cache.position
+        if cache.lag is not None:
+            raise ValueError("extend continues rows that are at one position; these rows' positions differ")
         if P == 0 or P + n > cache.max_len:
             raise ValueError(f"extend needs a prefilled cache with room for {n} more positions "
                              f"(has {cache.position} of {cache.max_len})")
@@ -270,6 +280,22 @@ class ByteUNet(nn.Module):
         cache.token.copy_(per_byte[:, -1])
         cache.position = P + n
         return StepOutput(self.head(y), a, probs)
+
+    def merge_inference_caches(self, caches: Sequence[InferenceCache]) -> InferenceCache:
+        """The rows of several prefilled caches, in order, as one cache whose rows `step` together though their
+        prompts differ in length (`generation.CachedRows`): one step for all rows instead of one per length.
+        Every state is per row (the strategy's too: `BoundaryStrategy.allocate_inference_cache`), positions
+        included; each row keeps its own, `lag` behind the furthest."""
+        if any(c.lag is not None or c.position == 0 for c in caches):
+            raise ValueError("merge_inference_caches takes prefilled caches whose rows are at one position")
+        position = max(c.position for c in caches)
+        room = min(c.max_len - c.position for c in caches)  # every row steps as often as the fullest allows
+        lag = torch.cat([torch.full((len(c.token),), position - c.position, dtype=torch.long, device=c.token.device)
+                         for c in caches])
+        return InferenceCache(
+            encoder=cat_rows([c.encoder for c in caches]), mid=self.mid.merge_caches([c.mid for c in caches]),
+            decoder=cat_rows([c.decoder for c in caches]), boundaries=cat_rows([c.boundaries for c in caches]),
+            token=cat_rows([c.token for c in caches]), position=position, max_len=position + room, lag=lag)
 
     def _default_pooling(self) -> bool:
         """Whether the strategy pools and unpools as the paper does (X at the boundaries in, X_j + Y'_{c(j)}
@@ -322,7 +348,7 @@ class ByteUNet(nn.Module):
             raise ValueError(f"the inference cache has room for {cache.max_len} positions; allocate a larger one")
         cache.position = j + 1
         self.mid.reserve(cache.mid, int(cache.mid.length.max()) + 1)
-        return torch.full_like(byte, j)
+        return torch.full_like(byte, j) if cache.lag is None else j - cache.lag
 
     def step_at(self, byte: torch.Tensor, position: torch.Tensor, cache: InferenceCache, *,
                 uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:

@@ -272,7 +272,10 @@ class BoundaryStrategy(nn.Module):
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> object:
         """The state `step` keeps between bytes for `batch_size` rows of at most `max_len` positions (BOS
-        included); None if it keeps none. Strategies without `step` raise NotImplementedError here."""
+        included); None if it keeps none. Strategies without `step` raise NotImplementedError here.
+        Its tensors hold rows first (in a dataclass, list or tuple where there are several): the states of
+        prompts of different lengths are joined row by row (`model.layers.cat_rows`, which pads a row's other
+        dimensions with zeros it never reads), and then step together, each row at its own position."""
         raise NotImplementedError(f"boundary strategy {self.name!r} does not support incremental generation yet: "
                                   f"implement allocate_inference_cache() and step() (see boundaries/base.py)")
 

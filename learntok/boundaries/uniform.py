@@ -6,8 +6,8 @@ most one byte. Depends only on N, so it is trivially causal. Padding positions n
 so a shorter row has fewer tokens; document starts (packed mode) are forced on top.
 
 Generation: the pattern depends on the sequence length, so a generation of at most `max_len` positions
-(BOS + prompt + byte budget) uses the pattern of `max_len` bytes throughout; a full forward pass over the
-prefix padded to `max_len` draws the same boundaries.
+(BOS + prompt + byte budget) uses the pattern of `max_len` bytes throughout (each row its own); a full
+forward pass over the prefix padded to `max_len` draws the same boundaries.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ class Uniform(BoundaryStrategy):
         return Boundaries(a=a, probs=a.float())
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
-        """The whole pattern of a sequence of `max_len` positions, (max_len,) bool."""
-        return uniform_boundaries(max_len, self.cfg.target_rate, device)
+        """The whole pattern of a sequence of `max_len` positions, per row (B, max_len) bool: rows of other
+        lengths may join them (`ByteUNet.merge_inference_caches`)."""
+        return uniform_boundaries(max_len, self.cfg.target_rate, device).repeat(batch_size, 1)
 
     def step(self, inp: BoundaryStepInput, pattern: torch.Tensor) -> BoundaryStep:
-        a = pattern[inp.position] | inp.forced  # the U-Net's cache has room for the position (`ByteUNet.advance`)
+        # the U-Net's cache has room for the position (`ByteUNet.advance`)
+        a = pattern.gather(1, inp.position[:, None])[:, 0] | inp.forced
         return BoundaryStep(a=a, probs=a.float())

@@ -8,7 +8,9 @@ everything but the attention pattern on the real positions only."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -278,6 +280,33 @@ class KVCache:
         self.v[:, :, slots] = v[:, :, start:].to(self.v.dtype)
 
 
+def cat_rows(parts: Sequence):
+    """Generation states of several groups of rows as one state of all their rows, in order (prompts of
+    different lengths stepping together, `ByteUNet.merge_inference_caches`): tensors concatenated by row, each
+    padded with zeros along its other dimensions to the largest (room a row never reads: slots past its length,
+    positions past its own budget); dataclasses, lists and tuples field by field; anything else (a size) the
+    largest; None stays None."""
+    first = parts[0]
+    if first is None:
+        return None
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            raise ValueError("a generation state's tensors hold rows first; got a scalar")
+        shape = [max(part.shape[d] for part in parts) for d in range(1, first.dim())]
+        out = first.new_zeros((sum(len(part) for part in parts), *shape))
+        row = 0
+        for part in parts:
+            out[(slice(row, row + len(part)), *(slice(0, n) for n in part.shape[1:]))] = part
+            row += len(part)
+        return out
+    if dataclasses.is_dataclass(first):
+        return type(first)(**{f.name: cat_rows([getattr(part, f.name) for part in parts])
+                              for f in dataclasses.fields(first)})
+    if isinstance(first, (list, tuple)):
+        return type(first)(cat_rows(items) for items in zip(*parts, strict=True))
+    return max(parts)
+
+
 @dataclass
 class StackCache:
     """The caches of a `Stack`, one per block, and how many positions each row has stored."""
@@ -467,6 +496,16 @@ class Stack(nn.Module):
             torch._dynamo.maybe_mark_dynamic(k, 2)
             torch._dynamo.maybe_mark_dynamic(v, 2)
         return KVCache(k, v)
+
+    def merge_caches(self, caches: Sequence[StackCache]) -> StackCache:
+        """The rows of several caches of this stack as one (`cat_rows`: a full-attention cache's slots padded
+        to the most any holds), marked as `allocate_inference_cache` marks its own."""
+        cache = cat_rows(caches)
+        if self.window is None:
+            for layer in cache.layers:
+                torch._dynamo.maybe_mark_dynamic(layer.k, 2)
+                torch._dynamo.maybe_mark_dynamic(layer.v, 2)
+        return cache
 
     def reserve(self, cache: StackCache, positions: int) -> None:
         """Slots for `positions` positions per row in a full-attention cache (at most its limit), grown
