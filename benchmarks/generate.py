@@ -11,6 +11,12 @@ training step of the same model (forward, backward and AdamW on the run's batch 
 the B prompts have B different lengths (the prompt, then one byte longer each): prefilled length by
 length, then stepped as one batch, each row at its own position.
 
+`--requests N` times greedy decoding as lm-evaluation-harness's `generate_until` asks for it: N requests
+(contexts of 20 to 80 words, up to `--bytes` bytes each, stop string a blank line) through
+`UNetScorer.greedy_batch` (the caches, `--batch-size` requests stepping together) against a full forward
+pass per byte and request over the context and the bytes so far (what the adapter did before), checking
+that both give the same bytes.
+
 Three ways to produce the same bytes (same seed, same boundary draws; the script checks they agree):
   cached          prefill the prompt, then one `ByteUNet.step` per byte: O(window + tokens) per byte
                   (with --compile also through the compiled step, `generate(compile=True)`)
@@ -59,6 +65,8 @@ def main() -> int:
     p.add_argument("--batch-sizes", default="", help="comma-separated: the side-by-side table instead (see above)")
     p.add_argument("--thread-counts", default="1", help="comma-separated torch thread counts for --batch-sizes")
     p.add_argument("--mixed", action="store_true", help="with --batch-sizes: B prompts of B different lengths")
+    p.add_argument("--requests", type=int, default=0, help="greedy decoding of N requests, cached against plain (above)")
+    p.add_argument("--batch-size", type=int, default=32, help="requests per batch with --requests (default 32)")
     p.add_argument("--compile", action="store_true",
                    help="also time cached generation with the compiled step (`generate(compile=True)`; its "
                         "compile time is printed apart, once per batch size and thread count)")
@@ -76,6 +84,8 @@ def main() -> int:
         what = "random weights"
     if args.batch_sizes:
         return side_by_side(model, cfg, what, args)
+    if args.requests:
+        return greedy_requests(model, cfg, what, args)
     c = model.cfg
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {what}; d={c.d_model}, {c.n_down_layers}/{c.n_mid_layers}/{c.n_up_layers} layers, window {c.window}, "
@@ -149,6 +159,52 @@ def side_by_side(model, cfg, what: str, args) -> int:
                 row += f" {rate:>{17 + len(mode)}.0f} {rate / train['bytes_s']:>8.3f}"
         print(row)
     return 0
+
+
+def greedy_requests(model, cfg, what: str, args) -> int:
+    """`UNetScorer.greedy_batch` against a full forward pass per byte and request."""
+    import random
+
+    from learntok.data.batch import BOS, PAD
+    from learntok.eval.scorer import UNetScorer, boundary_uniforms
+
+    T = cfg.train.seq_len
+    scorer = UNetScorer(model, max_len=T, batch_size=args.batch_size)
+    rng = random.Random(args.seed)
+    words = "the of and a to in is was that for on with as by at from his it an were are which this be".split()
+    requests = [(" ".join(rng.choice(words) for _ in range(rng.randint(20, 80))).encode(), args.bytes, [b"\n\n"])
+                for _ in range(args.requests)]
+    print(f"model: {what}; {model.boundaries.name} boundaries; {len(requests)} requests of up to {args.bytes} bytes, "
+          f"rows of {T} positions; torch threads {torch.get_num_threads()}")
+    t0 = time.perf_counter()
+    cached = scorer.greedy_batch(requests)
+    cached_s = time.perf_counter() - t0
+    u = boundary_uniforms(0, T)[None] if model.boundaries.stochastic else None
+    t0 = time.perf_counter()
+    plain = []
+    for context, n, stops in requests:
+        keep, new = context[max(0, len(context) - (T - 1 - n)):], b""
+        for _ in range(n):
+            data = keep + new
+            width = T if model.boundaries.length_dependent else len(data) + 1  # padded as the scorer pads
+            inputs = torch.full((1, width), PAD)
+            inputs[0, 0] = BOS
+            inputs[0, 1:len(data) + 1] = torch.tensor(list(data))
+            with torch.inference_mode():
+                byte = int(model(inputs, uniforms=None if u is None else u[:, :width]).logits[0, len(data)].argmax())
+            if byte > 255:
+                break
+            new += bytes([byte])
+            if any(new.endswith(s) for s in stops):
+                break
+        plain.append(new)
+    plain_s = time.perf_counter() - t0
+    n_bytes = sum(map(len, cached))
+    print(f"{'mode':<36} {'seconds':>8} {'bytes/s':>9}")
+    print(f"{'cached, batch of ' + str(args.batch_size):<36} {cached_s:>8.2f} {n_bytes / cached_s:>9.0f}")
+    print(f"{'full forward per byte and request':<36} {plain_s:>8.2f} {sum(map(len, plain)) / plain_s:>9.0f}")
+    print(f"cached is {plain_s / cached_s:.1f}x; the same bytes: {'yes' if cached == plain else 'NO'}")
+    return 0 if cached == plain else 1
 
 
 if __name__ == "__main__":

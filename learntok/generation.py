@@ -216,20 +216,24 @@ class CachedRows:
     lengths differ, their caches are then merged (`ByteUNet.merge_inference_caches`) so that every row steps
     in one batch, each at its own position. Each row's boundaries use `uniforms[t]` at its position t.
 
-    `rows`: B prompts (n_b,) starting with BOS; `new`: the bytes each row may still be fed; `uniforms`:
-    (positions,) with room for the longest row; `compile`: step through `compiled_step`. `logits`
-    (B, V): the next-byte logits after the last byte fed (what `learntok.hf` also generates from)."""
+    `rows`: B prompts (n_b,) starting with BOS; `new`: the bytes each row may still be fed, for all rows
+    or per row (a row's cache has room for n_b + new_b positions: a length-dependent strategy such as
+    `uniform` spreads its pattern over them); `uniforms`: (positions,) with room for the longest row;
+    `compile`: step through `compiled_step`. `logits` (B, V): the next-byte logits after the last byte fed
+    (what `learntok.hf` also generates from). Every row is fed a byte at every step, so a row gets at most
+    the fewest `new` of any row."""
 
-    def __init__(self, model, rows: Sequence[torch.Tensor], new: int, uniforms: torch.Tensor, compile: bool = False):
+    def __init__(self, model, rows: Sequence[torch.Tensor], new: int | Sequence[int], uniforms: torch.Tensor,
+                 compile: bool = False):
         self.uniforms = uniforms
         device = rows[0].device
-        lengths = torch.tensor([len(r) for r in rows])
+        room = [len(r) + (new if isinstance(new, int) else new[b]) for b, r in enumerate(rows)]
         self.logits = torch.zeros(len(rows), VOCAB_SIZE, device=device)
         self.prompt_a, self.prompt_probs = [None] * len(rows), [None] * len(rows)  # per row, (n_b,)
         caches, order = [], []  # the cache's rows are the rows `order` names
-        for n in sorted(set(lengths.tolist())):
-            index = (lengths == n).nonzero()[:, 0].tolist()
-            cache = model.allocate_inference_cache(len(index), n + new)
+        for n, size in sorted({(len(r), size) for r, size in zip(rows, room)}):
+            index = [b for b, r in enumerate(rows) if (len(r), room[b]) == (n, size)]
+            cache = model.allocate_inference_cache(len(index), size)
             first = model.prefill(torch.stack([rows[i] for i in index]), cache, uniforms=uniforms[:n].expand(len(index), n))
             self.logits[index] = first.logits[:, -1]
             for k, i in enumerate(index):

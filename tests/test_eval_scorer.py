@@ -237,6 +237,51 @@ def test_greedy_match_agrees_with_greedy_decoding(model, mode):
     assert scorer.score([(ctx, wrong)])[0].greedy_match is False
 
 
+def plain_greedy(model, mode: str, context: bytes, n: int, stops) -> bytes:
+    """The reference: one full forward pass over BOS + context + the bytes so far, padded to MAX_LEN, per byte,
+    the context cut from the left to leave room for n bytes."""
+    keep = context[max(0, len(context) - (MAX_LEN - 1 - n)):]
+    stochastic = model.boundaries.stochastic
+    u = (torch.full((1, MAX_LEN), 0.5) if mode == "threshold" else boundary_uniforms(0, MAX_LEN)[None]) if stochastic else None
+    new = b""
+    for _ in range(n):
+        data = keep + new
+        inputs = torch.full((1, MAX_LEN), 258)
+        inputs[0, 0] = 256
+        inputs[0, 1:len(data) + 1] = torch.tensor(list(data), dtype=torch.long)
+        with torch.no_grad():
+            byte = int(model(inputs, uniforms=u).logits[0, len(data)].argmax())
+        if byte > 255:
+            break
+        new += bytes([byte])
+        if any(new.endswith(s) for s in stops):
+            break
+    return new
+
+
+@pytest.mark.parametrize("name,mode", [("learned", "sampled"), ("learned", "threshold"), ("uniform", "sampled"),
+                                       ("whitespace", "sampled")])
+def test_greedy_batch_decodes_each_request_as_plain_forward_passes(name, mode):
+    """Requests of two budgets, contexts of many lengths (some cut to fit), stop strings, more requests than a
+    batch: generated with the caches, rows of different lengths stepping together, each continuation is what a
+    full forward pass per byte gives (uniform's pattern is the one over MAX_LEN positions)."""
+    model = tiny_model(name=name)
+    if name == "uniform":  # bytes whose logits depend on the boundaries
+        with torch.no_grad():
+            model.head.proj.weight.normal_(0, 1.0)
+    scorer = scorer_for(model, mode=mode, batch_size=3)
+    rng = random.Random(3)
+    requests = [(rand_bytes(rng, k), n, stops) for k, n, stops in (
+        (5, 12, ()), (0, 12, (b"a",)), (40, 12, ()), (70, 30, ()), (9, 30, (b"ab", b" ")), (60, 12, ()),
+        (17, 30, ()), (3, 0, ()), (33, 12, (b",",)))]
+    got = scorer.greedy_batch(requests)
+    expected = [plain_greedy(model, mode, c, n, stops) for c, n, stops in requests]
+    assert got == expected
+    assert [len(g) for g, (_, n, stops) in zip(got, requests) if not stops] == [n for _, n, stops in requests if not stops]
+    assert len(set(got)) > 3  # the continuations differ from request to request
+    assert scorer.greedy(*requests[4]) == got[4]
+
+
 # --- deterministic modes -------------------------------------------------------------------------
 
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -401,30 +402,60 @@ class UNetScorer:
 
     __call__ = score
 
-    @torch.inference_mode()
     def greedy(self, context: bytes, max_new_bytes: int, stop: Sequence[bytes] = ()) -> bytes:
-        """Greedy (argmax) bytes after ``context``: one full forward per byte, no cache. Stops after
-        ``max_new_bytes``, at a special symbol, or once a ``stop`` string appears (included in the
-        result). Boundaries follow the mode, with the random numbers :meth:`score` uses (the first draw's
-        stream): ``score(context, greedy(context, n))`` has ``greedy_match``."""
-        row_seed = draw_seed(self.seed, 0)
-        new = b""
-        for _ in range(max_new_bytes):
-            data = context + new
-            keep = data[max(0, len(data) - (self.max_len - 1)):]
-            row = _Row(0, 0, keep + b"\0", 1, row_seed)  # input positions: BOS + keep; the last one predicts
-            T = self.max_len if self.pad_to_max else len(row.data)
-            inputs = torch.full((1, T), PAD, dtype=torch.long)
-            inputs[0, 0] = BOS
-            inputs[0, 1:len(row.data)] = torch.tensor(list(keep), dtype=torch.long)
-            logits = self.model(inputs.to(self.device), uniforms=self._uniforms([row], T)).logits
-            byte = int(logits[0, len(keep)].argmax())
-            if byte > 255:
-                break
-            new += bytes([byte])
-            if any(s and s in new for s in stop):
-                break
-        return new
+        """`greedy_batch` of one request."""
+        return self.greedy_batch([(context, max_new_bytes, stop)])[0]
+
+    @torch.inference_mode()
+    def greedy_batch(self, requests: Sequence[tuple[bytes, int, Sequence[bytes]]]) -> list[bytes]:
+        """Greedy (argmax) bytes after the context of each (context, most bytes, stop strings) request. A
+        continuation stops after its most bytes (at most ``max_len - 1``), at a special symbol, or once one of
+        its stop strings appears (included in it). A context is cut from the left so that BOS, context and
+        continuation fit in ``max_len`` positions, as lm-evaluation-harness's own models cut it. Requests
+        run ``batch_size`` at a time with the U-Net's caches (`generation.CachedRows`: the contexts prefilled,
+        then one step per byte for the whole batch). Boundaries follow the mode, with the random numbers
+        :meth:`score` uses (the first draw's stream) over rows of ``max_len`` positions:
+        ``score([(context, continuation)])`` has ``greedy_match``."""
+        from ..generation import CachedRows  # (generation imports this module)
+
+        T = self.max_len
+        budgets = [max(0, min(int(n), T - 1)) for _, n, _ in requests]
+        const = self._constant_u() if self.stochastic else 0.5
+        uniforms = (torch.full((T,), const) if const is not None else _stream(draw_seed(self.seed, 0), T)).to(self.device)
+        out = [bytearray() for _ in requests]
+        # a batch is of one budget: a row that has stopped is fed padding while the others go on, and every
+        # row's cache has room for its own budget only (its context fills the rest of the max_len positions)
+        by_budget = sorted(range(len(requests)), key=budgets.__getitem__)
+        batches = [same[lo: lo + self.batch_size]
+                   for same in (list(g) for _, g in itertools.groupby(by_budget, key=budgets.__getitem__))
+                   for lo in range(0, len(same), self.batch_size)]
+        for batch in batches:
+            budget = budgets[batch[0]]
+            if budget == 0:
+                continue
+            rows = []
+            for i in batch:
+                context = requests[i][0]
+                keep = context[max(0, len(context) - (T - 1 - budget)):]
+                rows.append(torch.tensor([BOS, *keep], dtype=torch.long, device=self.device))
+            # room up to max_len for every row: a length-dependent strategy's pattern is the one `score` uses
+            run = CachedRows(self.model, rows, [T - len(r) for r in rows], uniforms)
+            live = torch.ones(len(batch), dtype=torch.bool)
+            logits = run.logits
+            for _ in range(budget):
+                drawn = logits.argmax(-1)
+                for k, (i, byte) in enumerate(zip(batch, drawn.tolist())):
+                    if not live[k]:
+                        continue
+                    if byte > 255:
+                        live[k] = False
+                        continue
+                    out[i].append(byte)
+                    live[k] = len(out[i]) < budget and not any(s and out[i].endswith(s) for s in requests[i][2])
+                if not live.any():
+                    break
+                logits = run.append(torch.where(live.to(drawn.device), drawn, PAD))
+        return [bytes(o) for o in out]
 
     # --- quantile calibration ----------------------------------------------------------------------
 
