@@ -372,10 +372,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     return cfg
 
 
-def from_dict(data: dict) -> RunConfig:
+def from_dict(data: dict, *, trained: bool = False) -> RunConfig:
+    """A config from its sections, validated. `trained`: the config of a trained model (a checkpoint's, a model
+    directory's), whose `train` and `data` sections record how it was trained rather than ask for a run: only
+    its `model` and `boundaries` are checked, so that a model trained with a value an older learntok allowed
+    and this one refuses still loads (`train --resume` checks the run's config as for any run)."""
     cfg = RunConfig()
     _apply(cfg, data)
-    validate(cfg)
+    validate(cfg, sections=("model", "boundaries") if trained else _SECTIONS)
     return cfg
 
 
@@ -403,11 +407,17 @@ RANGES: list[tuple[str, Callable[[float], bool], list[str]]] = [
 ]
 
 
-def _check_ranges(cfg: RunConfig) -> None:
-    """A ConfigError naming `section.key=value` and its range for the first value out of `RANGES`."""
+_SECTIONS = ("model", "boundaries", "train", "data")
+
+
+def _check_ranges(cfg: RunConfig, sections: tuple[str, ...] = _SECTIONS) -> None:
+    """A ConfigError naming `section.key=value` and its range for the first value out of `RANGES` in
+    `sections`."""
     for rule, ok, keys in RANGES:
         for key in keys:
             section, name = key.split(".")
+            if section not in sections:
+                continue
             value = getattr(getattr(cfg, section), name)
             if value is None:
                 continue
@@ -421,9 +431,10 @@ def _check_ranges(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}={value} {problem}" + (" (or null)" if nullable else ""))
 
 
-def validate(cfg: RunConfig) -> None:
-    """Each number in its range (`RANGES`), then cross-field checks that types alone cannot express."""
-    _check_ranges(cfg)
+def validate(cfg: RunConfig, sections: tuple[str, ...] = _SECTIONS) -> None:
+    """Each number of `sections` in its range (`RANGES`), then cross-field checks that types alone cannot
+    express."""
+    _check_ranges(cfg, sections)
     m, t = cfg.model, cfg.train
     if m.d_model % m.n_heads or (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.d_model={m.d_model} must split into n_heads={m.n_heads} heads of even size")
@@ -433,6 +444,8 @@ def validate(cfg: RunConfig) -> None:
                                                      and math.isfinite(m.word_start_until_bytes)):
         raise ConfigError(f"model.word_start_until_bytes={m.word_start_until_bytes} ends the word-start probe: "
                           "it must be a number > 0 and model.lambda_word_start > 0 (or null: no end)")
+    if "train" not in sections:
+        return
     if t.batch_size % t.micro_batches:
         raise ConfigError(f"train.micro_batches={t.micro_batches} must divide train.batch_size={t.batch_size}")
     if t.parallel not in ("none", "ddp", "fsdp"):

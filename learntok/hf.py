@@ -124,7 +124,7 @@ class LearntokConfig(_SavesLearntokCode, PretrainedConfig):
         """learntok's `RunConfig` of these sections."""
         sections = {k: v for k, v in (("model", self.model), ("boundaries", self.boundaries), ("train", self.train),
                                       ("data", self.data)) if v}
-        return from_dict(sections)
+        return from_dict(sections, trained=True)
 
 
 class LearntokCache:

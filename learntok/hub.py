@@ -311,7 +311,7 @@ def read_config(directory: str | Path) -> tuple[RunConfig, dict]:
     if not isinstance(meta.get("training") or {}, dict):
         raise ModelLoadError(f"{path}: its 'training' facts are not a mapping")
     try:
-        cfg = from_dict({k: meta[k] for k in _CONFIG_SECTIONS if isinstance(meta.get(k), dict)})
+        cfg = from_dict({k: meta[k] for k in _CONFIG_SECTIONS if isinstance(meta.get(k), dict)}, trained=True)
     except ConfigError as e:
         raise ModelLoadError(f"{path} (written by learntok {written_by}; this is {__version__}): {e}") from None
     return cfg, meta

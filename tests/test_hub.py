@@ -156,6 +156,27 @@ def test_config_problems(saved):
         from_pretrained(saved)
 
 
+def test_a_model_trained_with_values_now_refused_still_loads(tmp_path):
+    """A run's train and data sections record how it trained: a value this learntok refuses (an older one
+    allowed it) does not keep the model from loading, as a run or a model directory; the model's own sections
+    are checked as ever, and resuming the run checks its config as any run's."""
+    model, cfg = make_model()
+    old = to_dict(cfg)
+    old["train"]["eval_batches"], old["data"]["val_fraction"] = 0, 0.0
+    run = tmp_path / "run"
+    ckpt_io.save_checkpoint(run, 7, model, None, {"bytes_seen": 3584, "config": old})
+    save_pretrained(from_pretrained(run), tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["train"]["eval_batches"] == 0
+    for path in (run, tmp_path / "m"):
+        assert torch.equal(logits(model), logits(from_pretrained(path)))
+    edit_config(tmp_path / "m", lambda m: m["model"].update(n_heads=0))
+    with pytest.raises(ModelLoadError, match="model.n_heads=0 must be >= 1"):
+        from_pretrained(tmp_path / "m")
+    from learntok.config import ConfigError, from_dict
+    with pytest.raises(ConfigError, match="train.eval_batches=0 must be >= 1"):
+        from_dict(old)
+
+
 def test_hub_repo_ids(monkeypatch, saved):
     hub = pytest.importorskip("huggingface_hub")
     calls = []

@@ -295,7 +295,7 @@ def saved_config(ckpt: Path, state: dict) -> RunConfig:
     """The config a checkpoint was written with (`state`: its state.json), checked and in the current
     layout: older checkpoints hold the strategies' options as flat keys of `boundaries`."""
     try:
-        cfg = from_dict(state["config"])  # a mapping (read_state)
+        cfg = from_dict(state["config"], trained=True)  # a mapping (read_state)
         boundaries.check(cfg.boundaries)
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{ckpt}: config in state.json is unusable: {e}") from None
