@@ -238,6 +238,20 @@ def test_stops_at_eos_and_decodes_incomplete_utf8():
     assert Generation(b"", b"\xf0\x9f", "max_bytes", 0, [], []).text == "\ufffd"
 
 
+def test_stop_strings_end_a_row_which_keeps_them():
+    model = make_model("learned", learned={"lags": 1})
+    model.head = ScriptedHead(b"hello world")
+    streamed = []
+    out = generate(model, "p", max_bytes=20, seed=0, stop="o w", on_bytes=streamed.append)
+    assert (out.data, out.stop) == (b"hello w", "stop") and b"".join(streamed) == out.data
+    assert len(out.boundaries) == 1 + len(out.data)
+    model.head = RowScriptedHead([b"ab, cd", b"xyz", b"q,r, s"])
+    first, second, third = generate(model, ["p", "q", "r"], max_bytes=10, seed=0, stop=[", ", b"zz", ""])
+    assert (first.data, first.stop) == (b"ab, ", "stop")
+    assert (second.data, second.stop) == (b"xyz", "eos")
+    assert (third.data, third.stop) == (b"q,r, ", "stop")
+
+
 class RowScriptedHead(torch.nn.Module):
     """A head for rows that step together: row r predicts scripts[r] in turn, then EOS."""
 

@@ -268,7 +268,14 @@ def test_generate_command(model_dir, capsys):
     assert main(args) == 0
     second = capsys.readouterr()
     assert first.out == second.out and first.out.startswith("Hi")
-    assert "30 bytes" in first.err and "seed 5" in first.err
+    assert "30 bytes" in first.err and "seed 5" in first.err and "the byte budget" in first.err
+    drawn = first.out[2:].rstrip("\n")  # two characters the same run draws, typed as text: ASCII ones
+    stop = next(drawn[i:i + 2] for i in range(len(drawn)) if drawn[i:i + 2].isascii() and drawn[i:i + 2].isprintable()
+                and len(drawn[i:i + 2]) == 2)
+    assert main([*args, "--stop", stop]) == 0
+    stopped = capsys.readouterr()
+    assert stopped.out.rstrip("\n").endswith(stop) and first.out.startswith(stopped.out.rstrip("\n"))
+    assert "a stop string" in stopped.err
 
 
 def test_output_piped_into_head_ends_quietly(model_dir, tmp_path):

@@ -13,6 +13,9 @@ from . import CommandError
 from .segment_command import MODEL_HELP, load
 
 
+STOPPED = {"eos": "end of sequence", "stop": "a stop string", "max_bytes": "the byte budget"}  # Generation.stop
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="RUN", help=MODEL_HELP)
     p.add_argument("--prompt", "-p", default="", help="text to continue (default: none, start after BOS)")
@@ -23,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="makes the sampled bytes reproducible (boundaries are drawn as `learntok score` draws them)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early at end-of-sequence")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop once the generated text ends with TEXT (printed); may be given several times")
     p.add_argument("--no-cache", action="store_true", help="recompute a full forward pass per byte (slow; to compare)")
     p.add_argument("--show-boundaries", action="store_true",
                    help="afterwards, show prompt and continuation with the boundaries drawn while generating")
@@ -65,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = generate(model, prompt, max_bytes=args.max_bytes, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-                          stop_on_eos=not args.ignore_eos, on_bytes=emit, threads=args.threads, compile=args.compile)
+                          stop_on_eos=not args.ignore_eos, stop=[os.fsencode(t) for t in args.stop], on_bytes=emit,
+                          threads=args.threads, compile=args.compile)
     except NotImplementedError as e:  # a strategy that cannot generate (bpe, file), found before any byte is drawn
         out.write("\n")  # ends the prompt's line, so that the error is a line of its own in a terminal
         raise CommandError(str(e)) from None
@@ -75,6 +81,6 @@ def run(args: argparse.Namespace) -> int:
         colour = use_colour()
         print(f"\nboundaries drawn while generating {legend(colour)}:\n{render(result.segmentation(), colour)}")
     print(f"[{len(result.data)} bytes in {seconds:.2f} s ({len(result.data) / max(seconds, 1e-9):.0f} bytes/s), "
-          f"stopped at {'end of sequence' if result.stop == 'eos' else 'the byte budget'}, seed {result.seed}]",
+          f"stopped at {STOPPED[result.stop]}, seed {result.seed}]",
           file=sys.stderr)
     return 0
