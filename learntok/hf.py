@@ -294,6 +294,9 @@ class LearntokModel(LearntokPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
                 **kwargs) -> BaseModelOutput | tuple:
+        if kwargs.get("output_attentions"):
+            raise NotImplementedError("learntok: attention weights are not kept (the attention kernels never form "
+                                      "them whole)")
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         _, states = self._full_forward(input_ids, attention_mask, hidden_states=True)
@@ -328,6 +331,9 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
         of each encoder block, the decoder's input (the encoder output plus the token level's output of the
         token each byte is in), the output of each decoder block, the last with the head's final norm (as
         transformers' decoders give it). The token level's states are per token; ``model.unet`` has them."""
+        if kwargs.get("output_attentions"):
+            raise NotImplementedError("learntok: attention weights are not kept (the attention kernels never form "
+                                      "them whole); output_hidden_states=True gives the byte level's states")
         cache = cache if cache is not None else past_key_values
         if cache is None and use_cache and not self.training:
             cache = LearntokCache()

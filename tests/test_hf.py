@@ -193,6 +193,9 @@ def test_hidden_states_are_the_byte_levels_residual_stream(saved):
         assert all(torch.equal(a, b) for a, b in zip(base(**batch, output_hidden_states=True).hidden_states, states))
         with pytest.raises(NotImplementedError, match="without a cache"):
             model(**batch, use_cache=True, output_hidden_states=True)
+        for m in (model, base):
+            with pytest.raises(NotImplementedError, match="attention weights are not kept"):
+                m(**batch, output_attentions=True)
 
 
 def _gradients(model, batch) -> list[torch.Tensor]:
