@@ -36,7 +36,7 @@ the logits of the given positions are returned), left- or right-padded (``attent
 ``config.max_position_embeddings`` is the trained length less that BOS: the longest row a tool should give.
 
 **Generation** uses the U-Net's own caches, as `learntok.generate` does (:class:`LearntokCache` holds
-its `generation.CachedRows`: every row steps in one batch, whatever its prompt's length). As with any
+its `incremental.CachedRows`: every row steps in one batch, whatever its prompt's length). As with any
 transformers model, a call with a cache takes the bytes the cache has not seen: the prompts first, then
 the bytes that follow, one or several per call.
 Greedy and sampling are supported; bytes are drawn by transformers' own processors and
@@ -66,7 +66,7 @@ from . import hub
 from .config import from_dict
 from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
 from .eval.scorer import boundary_uniforms
-from .generation import CachedRows
+from .incremental import CachedRows
 from .unet import ByteUNet
 
 # transformers 5.24 renamed the generation cache `cache` (`past_key_values` is deprecated there, with a
@@ -128,7 +128,7 @@ class LearntokConfig(_SavesLearntokCode, PretrainedConfig):
 
 
 class LearntokCache:
-    """What `generate` carries between calls of `forward`: the rows' `generation.CachedRows` (the U-Net's
+    """What `generate` carries between calls of `forward`: the rows' `incremental.CachedRows` (the U-Net's
     byte-level windows, token level and strategy state, every row stepping in one batch),
     made on the first call, and ``seen``, the columns of ``input_ids`` fed so far."""
 

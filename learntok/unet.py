@@ -283,7 +283,7 @@ class ByteUNet(nn.Module):
 
     def merge_inference_caches(self, caches: Sequence[InferenceCache]) -> InferenceCache:
         """The rows of several prefilled caches, in order, as one cache whose rows `step` together though their
-        prompts differ in length (`generation.CachedRows`): one step for all rows instead of one per length.
+        prompts differ in length (`incremental.CachedRows`): one step for all rows instead of one per length.
         Every state is per row (the strategy's too: `BoundaryStrategy.allocate_inference_cache`), positions
         included; each row keeps its own, `lag` behind the furthest."""
         if any(c.lag is not None or c.position == 0 for c in caches):
@@ -353,7 +353,7 @@ class ByteUNet(nn.Module):
     def step_at(self, byte: torch.Tensor, position: torch.Tensor, cache: InferenceCache, *,
                 uniforms: torch.Tensor | None = None, generator: torch.Generator | None = None) -> StepOutput:
         """`step` at `position` (B,) from `advance`: tensors only, no Python number that changes from byte to
-        byte, so that one compiled graph serves every byte (`generation.CompiledStep`)."""
+        byte, so that one compiled graph serves every byte (`incremental.CompiledStep`)."""
         positions = position[:, None]  # (B, 1)
         x = self.embed(byte[:, None]) * math.sqrt(self.cfg.d_model)  # (B, 1, C)
         hidden = self.encoder.step(x, positions, cache.encoder)[:, 0]  # X_j (B, C)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from learntok.boundaries import STRATEGIES
 from learntok.boundaries.base import BoundaryStrategy
 from learntok.data.batch import BOS, EOS, PAD
-from learntok.generation import CachedRows, Generation, compiled_step, generate, sample_next, score, score_texts
+from learntok.generation import Generation, generate, sample_next, score, score_texts
+from learntok.incremental import CachedRows, compiled_step
 from learntok.model import layers
 from learntok.unet import ByteUNet
 

@@ -27,7 +27,7 @@ import learntok  # noqa: E402
 import learntok.hf  # noqa: E402,F401  (registers the classes)
 from learntok.data.batch import BOS, EOS, PAD  # noqa: E402
 from learntok.eval.scorer import UNetScorer, boundary_uniforms  # noqa: E402
-from learntok.generation import CachedRows  # noqa: E402
+from learntok.incremental import CachedRows  # noqa: E402
 from learntok.model.layers import softcap  # noqa: E402
 from learntok.unet import ByteUNet  # noqa: E402
 

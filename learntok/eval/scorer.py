@@ -65,6 +65,7 @@ from pathlib import Path
 import torch
 
 from ..data.batch import BOS, PAD
+from ..incremental import CachedRows
 from .benchmarks import ContinuationScore
 from .nll import score_rows
 
@@ -412,12 +413,10 @@ class UNetScorer:
         continuation stops after its most bytes (at most ``max_len - 1``), at a special symbol, or once one of
         its stop strings appears (included in it). A context is cut from the left so that BOS, context and
         continuation fit in ``max_len`` positions, as lm-evaluation-harness's own models cut it. Requests
-        run ``batch_size`` at a time with the U-Net's caches (`generation.CachedRows`: the contexts prefilled,
+        run ``batch_size`` at a time with the U-Net's caches (`incremental.CachedRows`: the contexts prefilled,
         then one step per byte for the whole batch). Boundaries follow the mode, with the random numbers
         :meth:`score` uses (the first draw's stream) over rows of ``max_len`` positions:
         ``score([(context, continuation)])`` has ``greedy_match``."""
-        from ..generation import CachedRows  # (generation imports this module)
-
         T = self.max_len
         budgets = [max(0, min(int(n), T - 1)) for _, n, _ in requests]
         const = self._constant_u() if self.stochastic else 0.5

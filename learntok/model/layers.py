@@ -492,7 +492,7 @@ class Stack(nn.Module):
         H = self.blocks[0].attn.n_heads if len(self.blocks) else 1
         k, v = (torch.zeros(batch_size, H, slots, self.head_dim, device=device, dtype=dtype) for _ in range(2))
         if self.window is None:
-            # the slots grow: one compiled step serves every number of them (generation.CompiledStep)
+            # the slots grow: one compiled step serves every number of them (incremental.CompiledStep)
             torch._dynamo.maybe_mark_dynamic(k, 2)
             torch._dynamo.maybe_mark_dynamic(v, 2)
         return KVCache(k, v)
