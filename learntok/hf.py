@@ -286,6 +286,13 @@ class LearntokPreTrainedModel(PreTrainedModel):
             for hook in hooks:
                 hook.remove()
 
+    @staticmethod
+    def _refuse_attentions(kwargs: dict) -> None:
+        if kwargs.get("output_attentions"):
+            raise NotImplementedError("learntok: attention weights are not kept (the attention kernels never form "
+                                      "them whole); output_hidden_states=True gives the byte level's states")
+
+
 class LearntokModel(LearntokPreTrainedModel):
     """The U-Net as transformers' base model (``AutoModel``, the ``feature-extraction`` pipeline): the byte
     level's final states (``last_hidden_state``, (B, T, C), zeros at padding) of rows given as to
@@ -294,9 +301,7 @@ class LearntokModel(LearntokPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
                 **kwargs) -> BaseModelOutput | tuple:
-        if kwargs.get("output_attentions"):
-            raise NotImplementedError("learntok: attention weights are not kept (the attention kernels never form "
-                                      "them whole)")
+        self._refuse_attentions(kwargs)
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         _, states = self._full_forward(input_ids, attention_mask, hidden_states=True)
@@ -331,9 +336,7 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
         of each encoder block, the decoder's input (the encoder output plus the token level's output of the
         token each byte is in), the output of each decoder block, the last with the head's final norm (as
         transformers' decoders give it). The token level's states are per token; ``model.unet`` has them."""
-        if kwargs.get("output_attentions"):
-            raise NotImplementedError("learntok: attention weights are not kept (the attention kernels never form "
-                                      "them whole); output_hidden_states=True gives the byte level's states")
+        self._refuse_attentions(kwargs)
         cache = cache if cache is not None else past_key_values
         if cache is None and use_cache and not self.training:
             cache = LearntokCache()
