@@ -792,26 +792,30 @@ def timed_generation(model, device: torch.device, n: int, prompt="The ", **kw):
     return g, time.perf_counter() - start
 
 
-def batch_prompts(sizes: Sizes) -> list[str]:
-    return [f"The{chr(33 + i % 90)}" for i in range(sizes.gen_batch)]
+def batch_prompts(sizes: Sizes, mixed: bool = False) -> list[str]:
+    """`gen_batch` prompts of one length, or (`mixed`) of `gen_batch` lengths: caches merged after the prefill."""
+    return [f"The{chr(33 + i % 90) * (i + 1 if mixed else 1)}" for i in range(sizes.gen_batch)]
 
 
 def figure_generation(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
     """Cached generation (prefill, then one step per byte) against a full forward pass per byte over the
     prefix (exact for `learned`, whose boundaries look only backwards), and cached generation of
-    `gen_batch` prompts of one length as one batch (aggregate bytes/s); random weights, fp32."""
+    `gen_batch` prompts as one batch, of one length and of as many lengths (aggregate bytes/s); random
+    weights, fp32."""
     model = generation_model(sizes, device)
     n, rows = sizes.gen_bytes, sizes.gen_batch
     cached, t_cached = timed_generation(model, device, n)
     full, t_full = timed_generation(model, device, n, use_cache=False, pad_uncached=False)
     _, t_batch = timed_generation(model, device, n, prompt=batch_prompts(sizes))
+    _, t_mixed = timed_generation(model, device, n, prompt=batch_prompts(sizes, mixed=True))
     same = cached.data == full.data and cached.boundaries == full.boundaries
     result = {"config": sizes.model_config, "bytes": n, "batch": 1, "precision": "fp32",
               "cached_bytes_s": n / t_cached, "full_forward_bytes_s": n / t_full, "speedup": t_full / t_cached,
-              "batched_rows": rows, "batched_bytes_s": rows * n / t_batch, "same_bytes_and_boundaries": same}
+              "batched_rows": rows, "batched_bytes_s": rows * n / t_batch, "mixed_lengths_bytes_s": rows * n / t_mixed,
+              "same_bytes_and_boundaries": same}
     say(f"generation, {n} bytes: cached {n / t_cached:,.1f} bytes/s, full forward per byte {n / t_full:,.1f} bytes/s "
-        f"({t_full / t_cached:.1f}x), {rows} rows at once {rows * n / t_batch:,.1f} bytes/s in all; "
-        f"same bytes and boundaries: {same}")
+        f"({t_full / t_cached:.1f}x), {rows} rows at once {rows * n / t_batch:,.1f} bytes/s in all "
+        f"({rows * n / t_mixed:,.1f} for prompts of {rows} lengths); same bytes and boundaries: {same}")
     if not same:
         result["error"] = "cached generation differs from a full forward pass per byte"
     return result
@@ -1162,7 +1166,8 @@ def render_figures(fig: dict) -> list[str]:
     if "cached_bytes_s" in gen:
         out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "
                 f"{gen['cached_bytes_s']:,.1f} bytes/s, a full forward pass per byte {gen['full_forward_bytes_s']:,.1f} bytes/s "
-                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {gen['batched_bytes_s']:,.1f} bytes/s in all; "
+                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {gen['batched_bytes_s']:,.1f} bytes/s in all "
+                f"({gen.get('mixed_lengths_bytes_s', float('nan')):,.1f} for prompts of {gen['batched_rows']} lengths); "
                 f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
     gen = fig.get("compiled_generation", {})
     if "compiled_bytes_s" in gen:

@@ -70,6 +70,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert attention["training_kernel_per_step_ms"] == 2 * byte["forward_backward_ms"] + token["forward_backward_ms"]
     generation = figures["generation"]
     assert generation["same_bytes_and_boundaries"] is True and generation["batched_bytes_s"] > 0
+    assert generation["mixed_lengths_bytes_s"] > 0
     compiled = figures["compiled_generation"]
     assert compiled["compiled_bytes_s"] > 0 and compiled["compiled_batched_bytes_s"] > 0
     assert figures["fsdp"]["returncode"] == 0 and figures["fsdp"]["checkpoints"] == ["step_000002"]
