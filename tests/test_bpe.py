@@ -200,7 +200,7 @@ def test_a_model_with_its_tokenizer_segments_new_text_as_the_pipeline_does():
     assert torch.equal(own.boundaries.a, given.boundaries.a) and torch.equal(own.logits, given.logits)
 
 
-def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path):
+def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path, capsys):
     from learntok.data.bpe import stream_boundaries
     from learntok.eval.scorer import UNetScorer
     from learntok.generation import generate
@@ -235,3 +235,8 @@ def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path):
         UNetScorer(from_pretrained(tmp_path / "model"), max_len=64).score(pair)
     with pytest.raises(NotImplementedError, match="cannot generate"):
         generate(from_pretrained(tmp_path / "run"), "hello", max_bytes=3, seed=0)
+    from learntok.cli import main
+    for compile, printed in (([], "hi\n"), (["--compile"], "")):  # one line on stderr; the prompt's line ended
+        assert main(["generate", str(tmp_path / "run"), "--prompt", "hi", *compile]) == 2
+        out, err = capsys.readouterr()
+        assert err.startswith("learntok generate: error: ") and "cannot generate" in err and out == printed

@@ -61,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compile:  # compiled before the output starts, and timed apart
         t0 = time.perf_counter()
-        generate(model, prompt, max_bytes=1, seed=0, use_cache=True, stop_on_eos=False, threads=args.threads,
-                 compile=True)
+        try:
+            generate(model, prompt, max_bytes=1, seed=0, use_cache=True, stop_on_eos=False, threads=args.threads,
+                     compile=True)
+        except NotImplementedError as e:  # a strategy that cannot generate (bpe, file)
+            raise CommandError(str(e)) from None
         print(f"[compiled the step in {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
     out.write(prompt.decode("utf-8", errors="replace"))
     out.flush()
