@@ -290,9 +290,9 @@ def test_a_finished_run_asked_for_other_draws_is_evaluated_again_not_trained_aga
     out = tmp_path / "report"
     run_dir = out / "runs" / "random-seed0"
 
-    def compare(eval_samples=1, analysis_samples=1, paragraph="The quick brown fox."):
+    def compare(eval_samples=1, analysis_samples=1, paragraph="The quick brown fox.", strategies=("random",)):
         lines = []
-        settings = CompareSettings(None, ["random"], 3e8, out, [*TINY, f"data.source={prepared}", "data.mode=packed"],
+        settings = CompareSettings(None, list(strategies), 3e8, out, [*TINY, f"data.source={prepared}", "data.mode=packed"],
                                    eval_points=1, eval_samples=eval_samples, analysis_samples=analysis_samples,
                                    heldout_sequences=4, paragraph=paragraph)
         run_comparison(settings, log=lines.append)
@@ -318,4 +318,5 @@ def test_a_finished_run_asked_for_other_draws_is_evaluated_again_not_trained_aga
     with pytest.raises(ConfigError, match=r"random-seed0 holds a finished run evaluated otherwise than this command "
                                           r"asks \(--eval-samples: 1 there, 3 asked for\), and no longer its final "
                                           r"checkpoint \(step \d+\) to evaluate it again"):
-        compare(eval_samples=3, paragraph="Another paragraph.")
+        compare(eval_samples=3, paragraph="Another paragraph.", strategies=("uniform", "random"))
+    assert not (out / "runs" / "uniform-seed0").exists()  # said before any run trained

@@ -201,9 +201,24 @@ def evaluate_run(settings: CompareSettings, result: RunResult, model, data, refe
 
 def reuse_finished(settings: CompareSettings, cfg: RunConfig, run_dir: Path, reference, log=print) -> RunResult:
     """The result of the finished run in `run_dir`, evaluated again from its final checkpoint (not trained
-    again) where this command evaluates otherwise than it was: the draws of `--eval-samples` and
+    again) where this command evaluates otherwise than it was (`stale_evaluation`)."""
+    result, changes, checkpoint = stale_evaluation(settings, run_dir)
+    if not changes:
+        log(f"  reusing the finished run in {run_dir}")
+        return result
+    log(f"  evaluating the finished run in {run_dir} again from its final checkpoint ({'; '.join(changes)})")
+    device = resolve_device(cfg.train.device)
+    model, _ = load_model(checkpoint, device)
+    evaluate_run(settings, result, model, make_data(cfg), reference, device)
+    return result
+
+
+def stale_evaluation(settings: CompareSettings, run_dir: Path) -> tuple[RunResult, list[str], Path | None]:
+    """The finished run's result, how this command evaluates otherwise than it was (none: reuse it as it
+    is), and the final checkpoint to evaluate it again from. The draws of `--eval-samples` and
     `--analysis-samples` and the paragraph are not in the run's config, which `check_same_run` compares (the
-    held-out sequences are: `--heldout-sequences` sets `train.eval_batches`)."""
+    held-out sequences are: `--heldout-sequences` sets `train.eval_batches`). A ConfigError where it must be
+    evaluated again and that checkpoint is gone."""
     result = RunResult(**json.loads((run_dir / "result.json").read_text()))
     result.run_dir = str(run_dir)  # where it is now, should the report folder have moved
     eval_samples, analysis_samples = evaluation_samples(settings, result.strategy)
@@ -214,18 +229,13 @@ def reuse_finished(settings: CompareSettings, cfg: RunConfig, run_dir: Path, ref
     if json.loads((run_dir / "segmentation.json").read_text())["text"] != settings.paragraph:
         changes.append("another paragraph to segment")
     if not changes:
-        log(f"  reusing the finished run in {run_dir}")
-        return result
+        return result, changes, None
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints or read_state(checkpoints[-1])["step"] != result.steps:
         raise ConfigError(f"{run_dir} holds a finished run evaluated otherwise than this command asks "
                           f"({'; '.join(changes)}), and no longer its final checkpoint (step {result.steps}) to "
                           f"evaluate it again; give the settings it was evaluated with, or another --out")
-    log(f"  evaluating the finished run in {run_dir} again from its final checkpoint ({'; '.join(changes)})")
-    device = resolve_device(cfg.train.device)
-    model, _ = load_model(checkpoints[-1], device)
-    evaluate_run(settings, result, model, make_data(cfg), reference, device)
-    return result
+    return result, changes, checkpoints[-1]
 
 
 # keys of a run's config that do not tell which run it is: the plan, which follows from the budget and the
@@ -236,11 +246,15 @@ NOT_COMPARED = ("train.training_bytes", "train.eval_every", "train.threads", "tr
 
 
 def check_run_folders(settings: CompareSettings) -> None:
-    """`check_run_folder` for every run of the comparison, before any trains: a folder holding another run
-    stops the command at once, not after the runs before it have trained."""
+    """`check_run_folder` for every run of the comparison, and `stale_evaluation` for every finished one,
+    before any trains: a folder holding another run, or a finished run that cannot be evaluated again as
+    asked, stops the command at once, not after the runs before it have trained."""
     for strategy in settings.strategies:
         for seed in range(settings.seeds if strategy in STRATEGIES else 0):
-            check_run_folder(run_folder(settings, strategy, seed), run_config(settings, strategy, seed))
+            run_dir = run_folder(settings, strategy, seed)
+            finished, _ = check_run_folder(run_dir, run_config(settings, strategy, seed))
+            if finished:
+                stale_evaluation(settings, run_dir)
 
 
 def check_run_folder(run_dir: Path, cfg: RunConfig) -> tuple[bool, bool]:
