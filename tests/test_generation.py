@@ -305,6 +305,17 @@ def test_compiled_generation_matches_eager():
         generate(model, "x", max_bytes=2, use_cache=False, compile=True)
 
 
+def test_a_compiled_step_serves_every_length_of_a_length_dependent_strategy():
+    """uniform spreads its pattern over the generation's length: one compiled graph, built at the first length
+    and called without guards, serves the next lengths and draws the eager bytes and boundaries."""
+    model = make_model("uniform")
+    for prompt, n in (("ab", 20), ("hello there, general", 70), (["Hi", "Hello"], 9)):
+        kw = dict(max_bytes=n, seed=1, top_k=1, stop_on_eos=False)
+        eager, compiled = generate(model, prompt, **kw), generate(model, prompt, compile=True, **kw)
+        for e, c in zip(*((g,) if isinstance(g, Generation) else g for g in (eager, compiled))):
+            assert (c.data, c.boundaries) == (e.data, e.boundaries)
+
+
 def test_a_batch_of_prompts_stops_row_by_row():
     model = make_model("learned", learned={"lags": 1})
     model.head = RowScriptedHead([[0x41], [0x42, 0x43, 0x44]])

@@ -14,7 +14,7 @@ from learntok.config import ConfigError
 from learntok.boundaries import STRATEGIES, BoundaryInput, LossInputs, build_strategy
 from learntok.boundaries.dynamic_pooling import binomial_log_pmf
 from learntok.boundaries.hnet import ema_chunked, ema_reference
-from learntok.boundaries.uniform import uniform_boundaries
+from learntok.boundaries.uniform import on_uniform_grid, uniform_boundaries, uniform_grid
 from learntok.boundaries.whitespace import spacelike, whitespace_boundaries
 from learntok.data.batch import BOS, PAD, VOCAB_SIZE, Batch
 from learntok.unet import ByteUNet
@@ -47,6 +47,21 @@ def test_uniform_counts_and_spacing():
         gaps = np.diff(np.append(np.flatnonzero(a.numpy()), n))
         assert gaps.max() - gaps.min() <= 1  # evenly spaced
     assert int(uniform_boundaries(4096, 0.2).sum()) == 819  # the paper's count
+
+
+def test_uniform_grid_decides_each_position_as_the_pattern():
+    """Generation decides a position from each row's (N, K): the pattern of `uniform_boundaries`, position by
+    position, for every length up to 300 and rates from 0.001 to 0.999 (rows of many lengths at once)."""
+    lengths = torch.arange(1, 301)
+    for rate in (0.2, 0.05, 1 / 3, 0.5, 1 / 7, 0.999, 0.001):
+        grid = torch.cat([uniform_grid(1, int(n), rate) for n in lengths])
+        patterns = torch.zeros(len(lengths), 300, dtype=torch.bool)  # row r: the pattern of lengths[r] bytes
+        for r, n in enumerate(lengths.tolist()):
+            patterns[r, :n] = uniform_boundaries(n, rate)
+        for position in range(300):
+            inside = lengths > position
+            got = on_uniform_grid(torch.full((len(lengths),), position), grid)
+            assert torch.equal(got[inside], patterns[inside, position]), (rate, position)
 
 
 def test_whitespace_rule_on_a_sentence():

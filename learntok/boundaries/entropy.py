@@ -61,7 +61,7 @@ from ..model.layers import RMSNorm, Stack, StackCache
 from ..objectives import masked_mean
 from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
                    StrategyOptions)
-from .uniform import uniform_boundaries
+from .uniform import on_uniform_grid, uniform_boundaries, uniform_grid
 
 MODES = ("global", "monotonic")
 SOURCES = ("early", "own")
@@ -131,7 +131,7 @@ class EntropyBoundaries(Boundaries):
 class EntropyCache:
     """What generation carries from byte to byte."""
 
-    pattern: torch.Tensor  # (B, max_len) the uniform boundaries used until the threshold is calibrated
+    grid: torch.Tensor  # (B, 2) the uniform boundaries used until the threshold is calibrated (`uniform_grid`)
     previous: torch.Tensor  # (B,) H_{j-1}, for the monotonic constraint (0 before the first byte)
     own: StackCache | None  # the own entropy model's key/value caches
 
@@ -188,7 +188,7 @@ class EntropyPatching(BoundaryStrategy):
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> EntropyCache:
         own = None if self.own is None else self.own.blocks.allocate_inference_cache(batch_size, max_len, device)
-        return EntropyCache(uniform_boundaries(max_len, self.cfg.target_rate, device).repeat(batch_size, 1),
+        return EntropyCache(uniform_grid(batch_size, max_len, self.cfg.target_rate, device),
                             torch.zeros(batch_size, device=device), own)
 
     def step(self, inp: BoundaryStepInput, cache: EntropyCache) -> BoundaryStep:
@@ -201,8 +201,7 @@ class EntropyPatching(BoundaryStrategy):
         H = next_byte_entropy(logits)  # (B,)
         score = H - cache.previous if self.options.mode == "monotonic" else H
         cache.previous = H
-        fallback = cache.pattern.gather(1, inp.position[:, None])[:, 0]
-        a = torch.where(self.active, score > self.threshold, fallback) | inp.forced
+        a = torch.where(self.active, score > self.threshold, on_uniform_grid(inp.position, cache.grid)) | inp.forced
         return BoundaryStep(a=a, probs=a.float())
 
     @torch.no_grad()

@@ -6,8 +6,10 @@ most one byte. Depends only on N, so it is trivially causal. Padding positions n
 so a shorter row has fewer tokens; document starts (packed mode) are forced on top.
 
 Generation: the pattern depends on the sequence length, so a generation of at most `max_len` positions
-(BOS + prompt + byte budget) uses the pattern of `max_len` bytes throughout (each row its own); a full
-forward pass over the prefix padded to `max_len` draws the same boundaries.
+(BOS + prompt + byte budget) uses the pattern of `max_len` bytes throughout; a full forward pass over the
+prefix padded to `max_len` draws the same boundaries. A step decides its position from each row's N and K
+(`on_uniform_grid`), so the state has one shape for every `max_len` (a compiled step serves them all) and
+rows of different lengths can step together.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ def uniform_boundaries(n: int, rate: float, device=None) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, positions, True)
 
 
+def uniform_grid(batch_size: int, n: int, rate: float, device=None) -> torch.Tensor:
+    """(B, 2) int64: N = n and K = max(1, round(n * rate)) per row, what `on_uniform_grid` reads."""
+    return torch.tensor([n, max(1, round(n * rate))], device=device).repeat(batch_size, 1)
+
+
+def on_uniform_grid(position: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: whether `position` (B,) holds a boundary of `uniform_boundaries(N, ...)` for each row's
+    (N, K) in `grid` (B, 2): the first boundary k at or after the position, k = ceil(position * K / N), sits
+    at floor(k * N / K)."""
+    n, k = grid[:, 0], grid[:, 1]
+    first = (position * k + n - 1) // n
+    return (first < k) & (first * n // k == position)
+
+
 class Uniform(BoundaryStrategy):
     name = "uniform"
     length_dependent = True
@@ -36,11 +52,9 @@ class Uniform(BoundaryStrategy):
         return Boundaries(a=a, probs=a.float())
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
-        """The whole pattern of a sequence of `max_len` positions, per row (B, max_len) bool: rows of other
-        lengths may join them (`ByteUNet.merge_inference_caches`)."""
-        return uniform_boundaries(max_len, self.cfg.target_rate, device).repeat(batch_size, 1)
+        """The pattern of a sequence of `max_len` positions as each row's (N, K): `uniform_grid`."""
+        return uniform_grid(batch_size, max_len, self.cfg.target_rate, device)
 
-    def step(self, inp: BoundaryStepInput, pattern: torch.Tensor) -> BoundaryStep:
-        # the U-Net's cache has room for the position (`ByteUNet.advance`)
-        a = pattern.gather(1, inp.position[:, None])[:, 0] | inp.forced
+    def step(self, inp: BoundaryStepInput, grid: torch.Tensor) -> BoundaryStep:
+        a = on_uniform_grid(inp.position, grid) | inp.forced
         return BoundaryStep(a=a, probs=a.float())
