@@ -254,7 +254,7 @@ def plain_greedy(model, mode: str, context: bytes, n: int, stops) -> bytes:
         if byte > 255:
             break
         new += bytes([byte])
-        if any(new.endswith(s) for s in stops):
+        if any(s and new.endswith(s) for s in stops):
             break
     return new
 
