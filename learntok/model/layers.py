@@ -491,20 +491,21 @@ class Stack(nn.Module):
     def _layer_cache(self, batch_size: int, slots: int, device, dtype) -> KVCache:
         H = self.blocks[0].attn.n_heads if len(self.blocks) else 1
         k, v = (torch.zeros(batch_size, H, slots, self.head_dim, device=device, dtype=dtype) for _ in range(2))
+        return self._slots_may_grow(KVCache(k, v))
+
+    def _slots_may_grow(self, layer: KVCache) -> KVCache:
+        """`layer`, its slots marked as a size that changes where they grow (full attention): one compiled step
+        serves every number of them (incremental.CompiledStep)."""
         if self.window is None:
-            # the slots grow: one compiled step serves every number of them (incremental.CompiledStep)
-            torch._dynamo.maybe_mark_dynamic(k, 2)
-            torch._dynamo.maybe_mark_dynamic(v, 2)
-        return KVCache(k, v)
+            torch._dynamo.maybe_mark_dynamic(layer.k, 2)
+            torch._dynamo.maybe_mark_dynamic(layer.v, 2)
+        return layer
 
     def merge_caches(self, caches: Sequence[StackCache]) -> StackCache:
         """The rows of several caches of this stack as one (`cat_rows`: a full-attention cache's slots padded
         to the most any holds), marked as `allocate_inference_cache` marks its own."""
         cache = cat_rows(caches)
-        if self.window is None:
-            for layer in cache.layers:
-                torch._dynamo.maybe_mark_dynamic(layer.k, 2)
-                torch._dynamo.maybe_mark_dynamic(layer.v, 2)
+        cache.layers = [self._slots_may_grow(layer) for layer in cache.layers]
         return cache
 
     def reserve(self, cache: StackCache, positions: int) -> None:
