@@ -442,8 +442,12 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
     def get_vocab(self) -> dict[str, int]:
         return {**{chr(i): i for i in range(256)}, **self.added_tokens_encoder}
 
+    # A byte's token is the character of its value (U+0000-U+00FF), so a text's tokens are its UTF-8 bytes read
+    # as Latin-1, and the conversions below run whole texts through `bytes` at once where transformers would
+    # convert token by token (ten times slower); a list holding anything else (a special token) goes token by token.
+
     def _tokenize(self, text: str, **kwargs) -> list[str]:
-        return [chr(b) for b in text.encode("utf-8")]
+        return list(text.encode("utf-8").decode("latin-1"))
 
     def _convert_token_to_id(self, token: str) -> int:
         if len(token) != 1 or ord(token) > 255:
@@ -453,8 +457,26 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
     def _convert_id_to_token(self, index: int) -> str:
         return chr(index)
 
+    def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]:
+        data = _latin1(tokens) if not isinstance(tokens, str) else None
+        return list(data) if data is not None else super().convert_tokens_to_ids(tokens)
+
+    def convert_ids_to_tokens(self, ids: int | list[int], skip_special_tokens: bool = False) -> str | list[str]:
+        if isinstance(ids, int):
+            return super().convert_ids_to_tokens(ids, skip_special_tokens)
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # a tensor or array: its ints at once
+        if skip_special_tokens:
+            special = set(self.all_special_ids)
+            ids = [i for i in ids if i not in special]
+        try:
+            return list(bytes(ids).decode("latin-1"))
+        except (ValueError, TypeError):  # an id of a special or added token
+            return super().convert_ids_to_tokens(ids)
+
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        data = b"".join(bytes([ord(t)]) if len(t) == 1 and ord(t) < 256 else t.encode("utf-8") for t in tokens)
+        data = _latin1(tokens)
+        if data is None:
+            data = b"".join(bytes([ord(t)]) if len(t) == 1 and ord(t) < 256 else t.encode("utf-8") for t in tokens)
         return data.decode("utf-8", errors="replace")
 
     def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1: list[int] | None = None) -> list[int]:
@@ -467,6 +489,17 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
         return ()  # the vocabulary is the 256 bytes: nothing to write
+
+
+def _latin1(tokens: list[str]) -> bytes | None:
+    """The bytes of a list of byte tokens; None if it holds any other token."""
+    joined = "".join(tokens)
+    if len(joined) != len(tokens):
+        return None
+    try:
+        return joined.encode("latin-1")
+    except UnicodeEncodeError:
+        return None
 
 
 AutoConfig.register(hub.MODEL_TYPE, LearntokConfig, exist_ok=True)

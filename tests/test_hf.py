@@ -401,6 +401,42 @@ def test_tokenizer_is_bytes():
     assert padded["input_ids"][0] == [PAD, PAD, ord("a")] and padded["attention_mask"][0] == [0, 0, 1]
 
 
+
+def test_tokenizer_converts_whole_texts_as_it_converts_token_by_token():
+    """Encoding and decoding run a text's bytes through `bytes` at once; each must give what transformers'
+    own token-by-token conversion gives, special tokens (kept as text or split into bytes), added tokens,
+    cut characters and ids as a tensor included."""
+    import numpy as np
+    from transformers import PreTrainedTokenizer
+
+    tokenizer = learntok.hf.LearntokTokenizer()
+    kept = learntok.hf.LearntokTokenizer(split_special_tokens=False)  # "<eos>" in a text is then EOS
+    kept.add_tokens(["<sep>"])
+    base = PreTrainedTokenizer  # transformers' token-by-token conversions
+    rng = np.random.default_rng(0)
+    pool = ["a", "Z", " ", "\n", "\t", "\x00", "\x7f", "é", "€", "😀", "\u0301", "日", "<eos>", "<bos>", "<pad>", "<sep>"]
+    texts = ["", " "] + ["".join(rng.choice(pool, size=rng.integers(0, 30))) for _ in range(300)]
+    for tok in (tokenizer, kept):
+        for text in texts:
+            tokens = tok.tokenize(text)
+            ids = tok.convert_tokens_to_ids(tokens)
+            assert ids == base.convert_tokens_to_ids(tok, tokens)
+            assert tok(text)["input_ids"] == ids
+            if tok is tokenizer:
+                assert ids == list(text.encode())
+            assert tok.convert_tokens_to_string(tokens) == text
+        for _ in range(300):
+            ids = rng.integers(0, len(tok), size=rng.integers(0, 30)).tolist()  # every byte, special and added id
+            for skip in (False, True):
+                tokens = tok.convert_ids_to_tokens(ids, skip_special_tokens=skip)
+                assert tokens == base.convert_ids_to_tokens(tok, ids, skip_special_tokens=skip)
+                assert tok.convert_ids_to_tokens(torch.tensor(ids, dtype=torch.long), skip_special_tokens=skip) == tokens
+                assert tok.convert_ids_to_tokens(np.array(ids, dtype=np.int64), skip_special_tokens=skip) == tokens
+                text = tok.decode(ids, skip_special_tokens=skip)
+                reference = b"".join(bytes([ord(t)]) if len(t) == 1 else t.encode() for t in tokens)
+                assert text == reference.decode("utf-8", errors="replace")
+    assert kept("a<eos>b<sep>")["input_ids"] == [ord("a"), EOS, ord("b"), len(kept) - 1]
+
 def test_trust_remote_code_without_importing_learntok(saved, tmp_path):
     """A user who never imports learntok: the directory's learntok_hf.py does."""
     unet, directory = saved
