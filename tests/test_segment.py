@@ -276,6 +276,8 @@ def test_generate_command(model_dir, capsys):
     stopped = capsys.readouterr()
     assert stopped.out.rstrip("\n").endswith(stop) and first.out.startswith(stopped.out.rstrip("\n"))
     assert "a stop string" in stopped.err
+    assert main([*args[:4], "--max-bytes", "0"]) == 0  # no byte drawn: the prompt alone
+    assert capsys.readouterr().out == "Hi\n"
 
 
 def test_output_piped_into_head_ends_quietly(model_dir, tmp_path):

@@ -55,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two bytes
 
+    shown = []  # the prompt is written with the first byte drawn, so that a model that cannot generate prints nothing
+
     def emit(b: bytes) -> None:
+        if not shown:
+            shown.append(out.write(prompt.decode("utf-8", errors="replace")))
         out.write(decoder.decode(b))
         out.flush()
 
@@ -67,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         except NotImplementedError as e:  # a strategy that cannot generate (bpe, file)
             raise CommandError(str(e)) from None
         print(f"[compiled the step in {time.perf_counter() - t0:.1f} s]", file=sys.stderr)
-    out.write(prompt.decode("utf-8", errors="replace"))
-    out.flush()
     t0 = time.perf_counter()
     try:
         result = generate(model, prompt, max_bytes=args.max_bytes, temperature=args.temperature, top_k=args.top_k,
@@ -76,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
                           stop_on_eos=not args.ignore_eos, stop=[os.fsencode(t) for t in args.stop], on_bytes=emit,
                           threads=args.threads, compile=args.compile)
     except NotImplementedError as e:  # a strategy that cannot generate (bpe, file), found before any byte is drawn
-        out.write("\n")  # ends the prompt's line, so that the error is a line of its own in a terminal
         raise CommandError(str(e)) from None
     seconds = time.perf_counter() - t0
+    emit(b"")  # the prompt, if no byte was drawn
     out.write(decoder.decode(b"", final=True) + "\n")
     if args.show_boundaries:
         colour = use_colour()
