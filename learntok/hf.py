@@ -457,6 +457,13 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
     def _convert_id_to_token(self, index: int) -> str:
         return chr(index)
 
+    def _encode_plus(self, *args, return_offsets_mapping: bool = False, **kwargs):
+        if return_offsets_mapping:  # transformers' Python tokenizers would leave it out without a word
+            raise NotImplementedError(
+                "learntok's tokenizer has no offsets mapping: token i is byte i of the text's UTF-8 encoding, so a "
+                "character's tokens are the bytes of its encoding (len(text[:k].encode()) is where character k starts)")
+        return super()._encode_plus(*args, **kwargs)
+
     def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]:
         data = _latin1(tokens) if not isinstance(tokens, str) else None
         return list(data) if data is not None else super().convert_tokens_to_ids(tokens)
