@@ -49,7 +49,9 @@ def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys, monk
     monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 3.0, 2.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", "--max-minutes", "0", *TINY]) == 0
-    assert "shorter run (the machine is busy: load average 4.0 on 2 cores;" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "shorter run (the machine is busy: load average 4.0 on 2 cores;" in printed
+    assert "fewer threads run faster: learntok demo train.threads=1)" in printed
 
 
 def test_ctrl_c_stops_the_demo_after_its_checkpoint(tmp_path, capsys, monkeypatch):

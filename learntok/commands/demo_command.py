@@ -31,13 +31,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def busy_machine() -> str:
-    """Why the demo may have run slowly: torch's threads wait on each other when other processes hold the
-    cores (two busy processes on 2 cores make a step about 30 times slower)."""
+    """Why the demo may have run slowly, and what helps: torch's threads wait on each other when other
+    processes hold the cores (two busy processes on 2 cores make a step about 30 times slower). Beside one
+    busy process on 2 cores, a step of the demo's model took 1.4-5.7 s with 2 threads and 0.66 s with one
+    (0.36-0.41 s with 2 on idle cores; `benchmarks/throughput.py`)."""
     if not hasattr(os, "getloadavg"):
         return ""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     return (f" (the machine is busy: load average {load:.1f} on {cores} cores; the demo takes about 4 minutes "
-            "on idle cores)") if load > cores else ""
+            f"on idle cores, and beside other busy processes fewer threads run faster: learntok demo "
+            f"train.threads={max(1, cores - 1)})") if load > cores else ""
 
 
 def not_replaceable(run_dir: Path) -> str | None:
