@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -230,6 +231,25 @@ def test_a_run_to_a_flops_budget_resumes_on_its_replanned_schedule(tmp_path):
     assert resumed.step == ref.step
     assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == \
         without_timing(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+
+def test_a_run_resumed_with_another_batch_size_ends_at_its_training_bytes(tmp_path):
+    """Steps are counted from the bytes still to train: a run checkpointed at 3 of 8 steps of 4 rows and
+    resumed with 8 rows a step trains the 5 x 4 rows left in 3 steps (not to its old step count, 8, and not
+    'finished' at step 3 because 8 rows a step would have needed only 4 steps)."""
+    run = tiny_trainer(tmp_path / "run", checkpoint_every=3, keep_checkpoints=0, eval_every=0, log_every=1)
+    planned = run.cfg.train.training_bytes
+    run.train()
+    for late in ckpt_io.list_checkpoints(tmp_path / "run")[1:]:
+        late.rename(tmp_path / "run" / f"old_{late.name}")  # resume from step 3
+    for rows, steps in ((8, 6), (2, 13)):  # 3 + ceil(5 * 4 / rows) steps in all
+        shutil.rmtree(tmp_path / f"resumed{rows}", ignore_errors=True)
+        shutil.copytree(tmp_path / "run", tmp_path / f"resumed{rows}")
+        resumed = tiny_trainer(tmp_path / f"resumed{rows}", resume=True, batch_size=rows, checkpoint_every=0,
+                               eval_every=0, log_every=1)
+        assert resumed.step == 3 and resumed.total_steps == steps
+        resumed.train()
+        assert resumed.step == steps and planned <= resumed.bytes_seen < planned + rows * resumed.cfg.train.seq_len
 
 
 def test_sample_seed_redraws_the_boundaries_only(tmp_path):

@@ -422,9 +422,10 @@ class Trainer:
 
     def _steps_to_go(self) -> int:
         """The step the run ends after: at `training_bytes`; with a FLOPs budget, this step once the budget
-        is reached, and until then not before the next."""
+        is reached, and until then not before the next. Counted from the bytes still to train, so that a run
+        resumed with another `train.batch_size` ends at its bytes, not at its old step count."""
         t = self.cfg.train
-        planned = max(1, math.ceil(t.training_bytes / self.bytes_per_step))
+        planned = max(1, self.step + math.ceil(max(0.0, t.training_bytes - self.bytes_seen) / self.bytes_per_step))
         if t.flops_budget is None:
             return planned
         return self.step if self.flops >= t.flops_budget else max(self.step + 1, planned)
