@@ -136,7 +136,23 @@ def test_text_file_keeps_non_utf8_bytes(tmp_path):
     assert list(iter_documents(path, format="text")) == [RAW]
 
 
-def test_detect_format(tmp_path):
+def test_gzip_text_is_read_as_its_text(tmp_path):
+    """A `.txt.gz` (alone, in a folder, or named without .gz) is its text, not its compressed bytes; one cut
+    short is named, as a truncated .jsonl.gz is."""
+    (tmp_path / "docs").mkdir()
+    text = "plain words, gzipped\n" * 20
+    with gzip.open(tmp_path / "docs" / "a.txt.gz", "wt", encoding="utf-8") as f:
+        f.write(text)
+    (tmp_path / "docs" / "b.txt").write_text("not compressed")
+    assert list(iter_documents(tmp_path / "docs")) == [text.encode(), b"not compressed"]
+    assert list(iter_documents(tmp_path / "docs" / "a.txt.gz")) == [text.encode()]
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes((tmp_path / "docs" / "a.txt.gz").read_bytes()[:30])
+    with pytest.raises(DataFormatError, match=r"cut\.txt\.gz: cannot decompress it .*is it truncated\?"):
+        list(iter_documents(cut))
+
+
+def test_detect_format(tmp_path, monkeypatch):
     for name, fmt in [("a.jsonl", "jsonl"), ("a.JSONL.GZ", "jsonl"), ("a.json.gz", "jsonl"),
                       ("a.parquet", "parquet"), ("a.txt", "text"), ("enwik8", "text")]:
         (tmp_path / name).write_bytes(b"")
@@ -145,8 +161,15 @@ def test_detect_format(tmp_path):
     (tmp_path / "saved" / "dataset_dict.json").write_text("{}")
     assert detect_format(tmp_path / "saved") == "hf"
     assert detect_format("HuggingFaceFW/fineweb") == "hf"
-    with pytest.raises(FileNotFoundError, match="--format hf"):
+    with pytest.raises(FileNotFoundError, match="no such file or folder .*named owner/name"):
         detect_format("mistyped_folder")
+    # `owner/name` whose owner is a local folder is a mistyped path, not a hub id (which would be fetched)
+    with pytest.raises(FileNotFoundError, match="saved/nosuch: no such file or folder"):
+        detect_format(tmp_path / "saved" / "nosuch")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="saved/nosuch: no such file or folder"):
+        detect_format("saved/nosuch")
+    assert detect_format("owner_not_here/name") == "hf"
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         detect_format(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="unknown format"):

@@ -258,6 +258,17 @@ def test_score_command(model_dir, model, tmp_path, capsys):
     assert "each document from its start, in windows of" in printed.err  # which estimator
     assert main(["score", str(model_dir), "--file", str(jsonl)]) == 2
     assert f"{jsonl}:1: no field 'text'" in capsys.readouterr().err
+    # a gzipped text file is its text, and a Parquet file is read by row, as learntok eval reads them
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow
+    pq.write_table(pyarrow.table({"body": [d["body"] for d in docs]}), tmp_path / "docs.parquet")
+    with gzip.open(tmp_path / "one.txt.gz", "wt", encoding="utf-8") as f:
+        f.write(docs[0]["body"])
+    assert main(["score", str(model_dir), "--file", str(tmp_path / "docs.parquet"), "--field", "body",
+                 "--file", str(tmp_path / "one.txt.gz"), "--json"]) == 0
+    again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["bytes"] for r in again[:-1]] == [r["bytes"] for r in rows[1:-1]] + [rows[1]["bytes"]]
+    assert [r["bits"] for r in again[:-1]] == pytest.approx([r["bits"] for r in rows[1:-1]] + [rows[1]["bits"]])
 
 
 def test_generate_command(model_dir, capsys):

@@ -19,9 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="RUN", help=MODEL_HELP)
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to score (each one document)")
     p.add_argument("--file", "-f", action="append", default=[], metavar="F",
-                   help="a text file (one document) or a .jsonl / .jsonl.gz file (one per line); repeatable")
-    p.add_argument("--field", default="text", help="the JSON field holding the text (default: text)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many documents per JSON-lines file")
+                   help="a text file (one document; gzip is decompressed), a .jsonl / .jsonl.gz file (one per line) "
+                        "or a .parquet file (one per row); repeatable")
+    p.add_argument("--field", default="text", help="the JSON field or Parquet column holding the text (default: text)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many documents per JSON-lines or Parquet file")
     p.add_argument("--samples", type=int, default=1,
                    help="boundary draws to average over, seeded from --seed and the text (default 1; deterministic "
                         "strategies need 1)")
@@ -39,9 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def documents(texts: list[str], files: list[str], field: str, limit: int | None) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of every document: the TEXT arguments, then each file. A malformed JSON line is a
-    `DataFormatError` naming its file and line (`learntok.data.readers.read_jsonl`)."""
-    from ..data.readers import read_jsonl
+    """(name, bytes) of every document: the TEXT arguments, then each file: JSON Lines and Parquet by record
+    (`field`), any other file whole (decompressed when gzip). A malformed record is a `DataFormatError` naming
+    its file and line (`learntok.data.readers`)."""
+    from ..data.readers import read_jsonl, read_parquet, read_text
 
     for i, text in enumerate(texts):
         short = text if len(text) <= 28 else text[:25] + "..."
@@ -52,10 +54,14 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
             raise CommandError(f"{file} is a folder; give text or JSON-lines files")
         if not path.is_file():
             raise CommandError(f"{file}: no such file")
-        if not path.name.endswith((".jsonl", ".jsonl.gz")):
-            yield str(path), path.read_bytes()
+        if path.name.endswith(".parquet"):
+            records = read_parquet(path, field)
+        elif path.name.endswith((".jsonl", ".jsonl.gz")):
+            records = read_jsonl(path, field)
+        else:
+            yield str(path), next(read_text(path))
             continue
-        for n, doc in enumerate(read_jsonl(path, field), 1):
+        for n, doc in enumerate(records, 1):
             if limit is not None and n > limit:
                 break
             yield f"{path} #{n}", doc

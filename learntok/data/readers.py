@@ -2,7 +2,8 @@
 
 Supported layouts, detected from the path unless a format is given:
 
-- `text`: a plain file, or a folder read recursively; one document per file, bytes as they are.
+- `text`: a plain file, or a folder read recursively; one document per file, bytes as they are (a gzip file,
+  `.txt.gz`, is decompressed first).
 - `jsonl`: JSON Lines, optionally gzip (`.jsonl`, `.jsonl.gz`, `.json`, `.json.gz`, `.ndjson`); one
   object per line, the document is the string in `field` (`text` for FineWeb, `content` for CodeParrot).
 - `parquet`: Parquet files (needs `pyarrow`), the document is the string or binary column `field`.
@@ -95,9 +96,10 @@ def detect_format(path: str | Path) -> str:
     if p.is_dir():
         return "hf" if any((p / m).exists() for m in _HF_MARKERS) else "text"
     if not p.exists():
-        if _HUB_NAME.match(str(path)) and not _has_known_suffix(p.name):
+        # `owner/name` is a hub id unless `owner` is a local folder: then it is a mistyped path
+        if _HUB_NAME.match(str(path)) and not _has_known_suffix(p.name) and not p.parent.is_dir():
             return "hf"
-        raise FileNotFoundError(f"{path}: no such file or folder (for a hub dataset pass --format hf)")
+        raise FileNotFoundError(f"{path}: no such file or folder (a Hugging Face Hub dataset is named owner/name)")
     return _format_from_suffix(p.name) or "text"
 
 
@@ -180,12 +182,18 @@ def _read_file(
 
 
 def read_text(path: str | Path, stats: ReadStats | None = None) -> Iterator[bytes]:
-    """One document per file: a file, or every file under a folder (recursively, sorted)."""
+    """One document per file: a file, or every file under a folder (recursively, sorted); a file that starts
+    with the gzip magic is decompressed (`notes.txt.gz` is its text, not its compressed bytes)."""
     stats = stats if stats is not None else ReadStats()
     path = Path(path)
     for p in _files_under(path) if path.is_dir() else [path]:
         stats.files += 1
-        yield stats.count(p.read_bytes())
+        try:
+            with _open_maybe_gzip(p) as f:
+                doc = f.read()
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise DataFormatError(f"{p}: cannot decompress it ({e}); is it truncated?") from e
+        yield stats.count(doc)
 
 
 def read_raw(
