@@ -205,6 +205,9 @@ def test_damaged_datasets_are_reported(tmp_path):
     (out / "meta.json").write_text(json.dumps({**meta, "version": 99}))
     with pytest.raises(ShardError, match="format version 99, this learntok reads version 1; upgrade"):
         open_split(out, "train")
+    (out / "meta.json").write_text("[1, 2]")  # valid JSON, not the object
+    with pytest.raises(ShardError, match=r"meta\.json: a JSON list, not the object learntok prepare writes"):
+        open_split(out, "train")
     (out / "meta.json").unlink()
     with pytest.raises(ShardError, match="no meta.json"):
         open_split(out, "train")

@@ -446,6 +446,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as e:
         raise ShardError(f"{meta_path} is not valid JSON ({e}); re-run learntok prepare") from e
+    if not isinstance(meta, dict):
+        raise ShardError(f"{meta_path}: a JSON {type(meta).__name__}, not the object learntok prepare writes; "
+                         f"re-run learntok prepare")
     if meta.get("format") != FORMAT_NAME:
         raise ShardError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT_NAME!r}")
     version = meta.get("version")
