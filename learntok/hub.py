@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import __version__
@@ -51,6 +53,7 @@ from .train import checkpoint as ckpt_io
 FORMAT_VERSION = 2  # of config.json + model.safetensors; bump when either changes meaning
 MODEL_TYPE = "learntok-byte-unet"
 CONFIG_NAME, WEIGHTS_NAME, CARD_NAME = "config.json", "model.safetensors", "README.md"
+WEIGHTS_DIGEST_KEY = "learntok_weights_sha256"  # model.safetensors' header: `weights_digest` of its tensors
 TOKENIZER_CONFIG_NAME, REMOTE_CODE_NAME = "tokenizer_config.json", "learntok_hf.py"
 # what transformers imports for a directory it trusts: the classes of `learntok.hf`, which must be installed
 REMOTE_CODE = '''"""transformers' Auto classes load this directory through learntok (pip install 'learntok[hf]'):
@@ -114,7 +117,8 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
     meta = config_json(model, config=config, training=training)
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
-        weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION)}))
+        weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION),
+                                   WEIGHTS_DIGEST_KEY: weights_digest(weights)}))
     _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
     tokenizer = {"tokenizer_class": "LearntokTokenizer", "auto_map": {"AutoTokenizer": AUTO_MAP["AutoTokenizer"]},
                  "model_max_length": meta["max_position_embeddings"], "padding_side": "left"}
@@ -125,6 +129,27 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
     if overwrite_card or not card.exists():
         _write_atomic(card, lambda p: p.write_text(model_card(meta)))
     return directory
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of the tensors' names, dtypes, shapes and bytes, in name order: written into model.safetensors'
+    own header, so that the file carries it wherever it is copied, and checked when it is loaded."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+def _check_digest(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """The tensors of `path` against the digest its header recorded (files written before the digest, or by
+    other tools, have none)."""
+    with safe_open(str(path), framework="pt") as f:
+        expected = (f.metadata() or {}).get(WEIGHTS_DIGEST_KEY)
+    if expected is not None and weights_digest(tensors) != expected:
+        raise ModelLoadError(f"{path} is corrupt: its tensors' SHA-256 differs from the one recorded when it was "
+                             f"saved")
 
 
 def write_remote_code(directory: str | Path) -> None:
@@ -334,11 +359,16 @@ def load_directory(directory: str | Path, device: str | torch.device = "cpu", so
     except ValueError as e:  # e.g. a boundary strategy this installation does not have
         raise ModelLoadError(f"{directory / CONFIG_NAME}: cannot build the model it describes: {e}") from None
     weights = directory / WEIGHTS_NAME
+    if not weights.exists():
+        raise ModelLoadError(f"{weights}: missing; a model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}")
     try:
-        tensors = ckpt_io.read_weights(model, directory)
+        tensors = ckpt_io.load_tensors(weights)
     except ckpt_io.CheckpointError as e:
-        if not weights.exists():
-            raise ModelLoadError(f"{weights}: missing; a model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}") from None
+        raise ModelLoadError(str(e)) from None
+    _check_digest(weights, tensors)
+    try:
+        ckpt_io.fit_weights(model, tensors, directory)
+    except ckpt_io.CheckpointError as e:
         raise ModelLoadError(f"{directory}: {CONFIG_NAME} and {WEIGHTS_NAME} do not match: {e}") from None
     model.load_state_dict(tensors)
     model.boundaries.load_files(directory)

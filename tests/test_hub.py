@@ -125,8 +125,29 @@ def test_truncated_weights(saved):
     data = path.read_bytes()
     for cut in (len(data) // 2, 20, 4):
         path.write_bytes(data[:cut])
-        with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        with pytest.raises(ModelLoadError, match="corrupt or truncated") as info:
             from_pretrained(saved)
+        assert "do not match" not in str(info.value)  # not a config/weights mismatch
+
+
+def test_damaged_weights_are_refused_and_older_files_still_load(saved):
+    """model.safetensors carries the SHA-256 of its tensors in its header: one flipped byte, or a run of 0xff
+    (NaN weights, which crashed scoring with an index error), is refused as corrupt. A file without the
+    digest (written before it, or by another tool) loads unchecked."""
+    from safetensors.torch import save_file
+    path = saved / "model.safetensors"
+    good = path.read_bytes()
+    reference = from_pretrained(saved)
+    for damage in (lambda b: b.__setitem__(len(b) - 100, b[-100] ^ 0x7F),
+                   lambda b: b.__setitem__(slice(len(b) - 4000, len(b) - 3000), b"\xff" * 1000)):
+        data = bytearray(good)
+        damage(data)
+        path.write_bytes(bytes(data))
+        with pytest.raises(ModelLoadError, match=r"model\.safetensors is corrupt: its tensors' SHA-256 differs"):
+            from_pretrained(saved)
+    save_file({k: v.clone() for k, v in reference.state_dict().items()}, str(path), metadata={"format": "pt"})
+    again = from_pretrained(saved)
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), reference.state_dict().values()))
 
 
 def test_config_that_does_not_fit_the_weights(saved):

@@ -231,7 +231,7 @@ def verify_file(path: Path) -> None:
                               f"written{_earlier_hint(ckpt)}")
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Load one .safetensors file of a checkpoint, first checking it (`verify_file`)."""
     verify_file(path)
     try:
@@ -247,7 +247,11 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
 
 def read_weights(model: torch.nn.Module, ckpt: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's full weights, checked against `model`'s names and (global) shapes."""
-    weights = _load_tensors(Path(ckpt) / "model.safetensors")
+    return fit_weights(model, load_tensors(Path(ckpt) / "model.safetensors"), ckpt)
+
+
+def fit_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], ckpt: Path) -> dict[str, torch.Tensor]:
+    """`weights`, after checking them against `model`'s names and (global) shapes."""
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
@@ -272,7 +276,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, ckpt: Path, state: dict) ->
 
 def read_optimizer_state(ckpt: Path, state: dict) -> dict:
     """The checkpoint's full `optimizer.state_dict()` (parameters numbered as in `model.parameters()`)."""
-    tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
+    tensors = load_tensors(Path(ckpt) / "optimizer.safetensors")
     try:
         return _optimizer_state(tensors, state["optimizer"])
     except (KeyError, ValueError) as e:
