@@ -434,6 +434,27 @@ def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
     assert load_config(None, yaml.safe_load((run_dir / "config.yaml").read_text())).train.training_bytes == 2560
 
 
+def test_resume_refuses_data_prepared_again_from_other_text(tmp_path, capsys):
+    """`learntok prepare` records the SHA-256 of each split's documents and the checkpoint the one it trained
+    on: the same documents prepared again resume, other text of the same sizes (which passed every other
+    check) is refused."""
+    corpus = make_corpus(tmp_path / "docs.jsonl.gz")
+    data, run_dir = tmp_path / "data", tmp_path / "run"
+    prepare = ["prepare", "--out", str(data), "--val-fraction", "0.1", "--quiet", "--overwrite"]
+    assert cli_main([*prepare, str(corpus)]) == 0
+    cfg_path = tiny_yaml(tmp_path / "tiny.yaml", data, steps=2, checkpoint_every=2, eval_every=0)
+    assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(run_dir), "--no-progress"]) == 0
+    assert cli_main([*prepare, str(corpus)]) == 0
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=768"]) == 0
+    shouted = tmp_path / "shouted.jsonl.gz"  # the same sizes, other bytes
+    shouted.write_bytes(gzip.compress(gzip.decompress(corpus.read_bytes()).replace(b"quick", b"QUICK")))
+    assert cli_main([*prepare, str(shouted)]) == 0
+    capsys.readouterr()
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=1024"]) == 2
+    assert "holds other documents than when this state was saved" in capsys.readouterr().err
+    assert ckpt_io.read_state(ckpt_io.latest_checkpoint(run_dir))["step"] == 3
+
+
 def test_missing_data_directory_says_how_to_make_one(tmp_path, capsys):
     assert cli_main(["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "r"), "--no-progress",
                      f"data.source={tmp_path / 'nowhere'}"]) == 2

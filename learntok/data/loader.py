@@ -257,8 +257,9 @@ class ShardedBatches:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands: JSON-serialisable, identical on every rank."""
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "mode": self.mode,
-                "seq_len": self.seq_len, "num_sequences": self.num_sequences}
+        state = {"seed": self.seed, "epoch": self.epoch, "position": self.position, "mode": self.mode,
+                 "seq_len": self.seq_len, "num_sequences": self.num_sequences}
+        return state if self.split.sha256 is None else {**state, "data_sha256": self.split.sha256}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`. The data must give the same sequences (same split, mode, seq_len);
@@ -269,6 +270,10 @@ class ShardedBatches:
                     f"data state was saved with {key}={state[key]!r}, this loader has "
                     f"{getattr(self, key)!r}: resuming would not continue the same sequence of batches"
                 )
+        saved, now = state.get("data_sha256"), self.split.sha256
+        if saved is not None and now is not None and saved != now:
+            raise ValueError("the prepared data holds other documents than when this state was saved (their SHA-256 "
+                             "differs: prepared again from other text?); resuming would train on other sequences")
         if not 0 <= state["position"] < self.num_sequences:
             raise ValueError(f"data state position {state['position']} out of range [0, {self.num_sequences})")
         self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])

@@ -22,6 +22,7 @@ its destination and renamed into place at the end: a crash leaves no half-writte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -111,6 +112,7 @@ class SplitWriter:
         self.shards: list[dict[str, Any]] = []  # entries for meta.json, one per finished shard
         self.documents = 0
         self.bytes = 0
+        self._digest = hashlib.sha256()  # of the split's documents, each with its length: `Split.sha256`
         self._file = None
         self._track_files: dict[str, BitWriter] = {}
         self._offsets: list[int] = []
@@ -129,6 +131,8 @@ class SplitWriter:
         if self._file is None or (self._offsets[-1] > 0 and self._offsets[-1] + len(doc) > self.shard_bytes):
             self._start_shard()
         self._file.write(doc)
+        self._digest.update(len(doc).to_bytes(8, "little"))
+        self._digest.update(doc)
         for name, bits in tracks.items():
             self._track_files[name].write(bits)
             self.track_ones[name] += int(np.count_nonzero(bits))
@@ -168,7 +172,8 @@ class SplitWriter:
         """Finish the last shard; returns this split's entry for meta.json."""
         self._finish_shard()
         self.folder.mkdir(parents=True, exist_ok=True)  # an empty split is still a folder
-        return {"documents": self.documents, "bytes": self.bytes, "shards": self.shards}
+        return {"documents": self.documents, "bytes": self.bytes, "sha256": self._digest.hexdigest(),
+                "shards": self.shards}
 
 
 class DatasetWriter:
@@ -270,6 +275,9 @@ class Split:
         self.root = root
         self.name = name
         self.entry = entry
+        # SHA-256 of the documents as written (each preceded by its length as 8 little-endian bytes), recorded
+        # by `learntok prepare`; None for datasets prepared before it was recorded
+        self.sha256: str | None = entry.get("sha256")
         self._tracks: dict[str, Track] = {}
         self.shards = [_open_shard(root / name, i, s) for i, s in enumerate(entry["shards"])]
         counts = np.array([len(s.offsets) - 1 for s in self.shards], dtype=np.int64)
