@@ -301,7 +301,8 @@ def from_pretrained(path_or_repo: str | Path, device: str | torch.device = "cpu"
     elif _REPO_ID.match(str(path_or_repo)):
         directory = _download(str(path_or_repo), revision, token, cache_dir, local_files_only)
     else:
-        raise ModelLoadError(f"{path_or_repo}: no such directory, and not a Hugging Face Hub repo id (owner/name)")
+        what = "a file, not a model directory" if path.exists() else "no such directory"
+        raise ModelLoadError(f"{path_or_repo}: {what}, and not a Hugging Face Hub repo id (owner/name)")
 
     if (directory / CONFIG_NAME).exists():
         return load_directory(directory, device, source=str(path_or_repo))

@@ -138,7 +138,8 @@ def test_corrupt_or_missing_state_gives_a_clear_error(run):
     with pytest.raises(CheckpointError, match=r"state.json is corrupt"):
         load_model(ckpt)
     (ckpt / "state.json").unlink()
-    with pytest.raises(CheckpointError, match=r"missing state.json"):
+    with pytest.raises(CheckpointError, match=r"missing state.json; not a learntok checkpoint \(earlier checkpoints "
+                                              r"in .*: step_000002; remove this one to resume from those\)"):
         ckpt_io.read_state(ckpt)
 
 

@@ -112,6 +112,9 @@ def edit_config(directory, change):
 def test_missing_and_foreign_directories(tmp_path, saved):
     with pytest.raises(ModelLoadError, match="no such directory"):
         from_pretrained(str(tmp_path / "nowhere" / "deeper" / "still"))
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ModelLoadError, match="notes.txt: a file, not a model directory"):
+        from_pretrained(tmp_path / "notes.txt")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="not a learntok model"):
         from_pretrained(tmp_path / "empty")

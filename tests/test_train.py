@@ -418,6 +418,14 @@ def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
     # another model size cannot continue this run, and says why
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "model.d_model=64"]) == 2
     assert "model.d_model: checkpoint 32, requested 64" in capsys.readouterr().err
+    # nor another seed, which would change only the config.yaml that records how the run was made
+    assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.seed=5"]) == 2
+    assert "a run keeps its seeds (train.seed: checkpoint 0, requested 5)" in capsys.readouterr().err
+    assert "seed: 0" in (run_dir / "config.yaml").read_text()
+    # a run directory that is a file is named as such
+    (tmp_path / "afile").write_text("")
+    assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "afile"), "--no-progress"]) == 2
+    assert "--run-dir " + str(tmp_path / "afile") + " is a file, not a folder" in capsys.readouterr().err
     # nor another kind of data source, whose stream has another state
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "data.source=demo"]) == 2
     assert "data.source='demo' is another kind of source; resume with the one it trained on" in capsys.readouterr().err

@@ -73,6 +73,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigError("give --config FILE (or --resume RUN_DIR)")
             cfg = load_config(args.config, args.overrides)
             run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{_timestamp()}")
+            if run_dir.exists() and not run_dir.is_dir():
+                raise CommandError(f"--run-dir {run_dir} is a file, not a folder; choose another --run-dir")
             trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
     except ValueError as e:  # a ConfigError, or settings the trainer cannot run with (flex attention on a CPU)
         raise CommandError(str(e)) from None

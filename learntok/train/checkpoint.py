@@ -193,7 +193,7 @@ def read_state(ckpt: Path) -> dict:
     try:
         state = json.loads((ckpt / "state.json").read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{ckpt}: missing state.json; not a learntok checkpoint") from None
+        raise CheckpointError(f"{ckpt}: missing state.json; not a learntok checkpoint{_earlier_hint(ckpt)}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{ckpt}/state.json is corrupt: {e}{_earlier_hint(ckpt)}") from None
     if not isinstance(state, dict):

@@ -259,6 +259,12 @@ class Trainer:
         if fatal:
             detail = "; ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, a, b in fatal)
             raise ckpt_io.CheckpointError(f"{ckpt} was written by another model ({detail})")
+        # the seeds made the initial weights, the data order and the draws, which continue from the checkpoint: a
+        # new value would change nothing but the config.yaml that says how the run was made
+        seeds = [d for d in diffs if d[0] in ("train.seed", "train.sample_seed")]
+        if seeds:
+            detail = "; ".join(f"{k}: checkpoint {a!r}, requested {b!r}" for k, a, b in seeds)
+            raise ckpt_io.CheckpointError(f"{ckpt}: a run keeps its seeds ({detail}); start a new run for another seed")
         if self.cfg.train.flops_budget is not None:  # continue the budget's plan where it stood (`_plan_to_budget`)
             self.cfg.train.training_bytes = saved["train"]["training_bytes"]
             diffs = [d for d in diffs if d[0] != "train.training_bytes"]
