@@ -26,6 +26,8 @@ def one_error_line(capsys, command: str) -> str:
     (["eval", "--checkpoint", "RUN", "--tasks", "mmlu"],
      "unknown task 'mmlu'; choose from piqa, hellaswag, arc_easy, lambada"),
     (["prepare", "--out", "OUT"], "give at least one INPUT (or --bpe-only to add BPE boundaries to --out)"),
+    (["prepare", "IN", "--out", "OUT", "--val-fraction", "1.5"], "--val-fraction must be in [0, 1), got 1.5"),
+    (["prepare", "IN", "--out", "OUT", "--max-docs", "0"], "--max-docs must be positive, got 0"),
     (["train"], "give --config FILE (or --resume RUN_DIR)"),
 ])
 def test_every_command_says_its_errors_the_same_way(argv, message, capsys):

@@ -52,6 +52,17 @@ def test_malformed_json_names_file_and_line(tmp_path):
     assert str(path) in str(info.value)
 
 
+def test_a_json_array_is_named_as_such(tmp_path):
+    """A file holding one JSON array (pretty-printed or on one line) is not JSON Lines; skipping bad lines would
+    skip all of it, so it is refused whatever --skip-bad-lines says."""
+    records = [{"text": "a"}, {"text": "b"}]
+    for name, body in (("pretty.json", json.dumps(records, indent=2)), ("one_line.json", json.dumps(records))):
+        (tmp_path / name).write_text(body)
+        for skip in (False, True):
+            with pytest.raises(DataFormatError, match=rf"{name}:1: a JSON array, not JSON Lines"):
+                list(read_jsonl(tmp_path / name, skip_bad_lines=skip))
+
+
 def test_skip_bad_lines_counts_them(tmp_path):
     records = [{"text": "a"}, "not json", {"text": "b"}, "[1, 2]", {"other": "x"}, {"text": None}, {"text": "c"}]
     path = write_jsonl(tmp_path / "data.jsonl", records)

@@ -340,6 +340,14 @@ def test_score_reads_a_bad_file_or_an_empty_document_as_the_user_means(model_dir
     assert rows[0]["bpb"] is None and rows[-1]["documents"] == 3
     assert rows[-1]["mean_document_bpb"] == pytest.approx((rows[1]["bpb"] + rows[2]["bpb"]) / 2)
     assert math.isnan(score(model, "").bpb)
+    # no byte to score (an empty file, --limit 0): no bits per byte, not a perfect-looking 0.000
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["score", str(model_dir), "--file", str(tmp_path / "empty.jsonl")]) == 0
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last[:3] == ["total", "(0", "documents,"] and last[-2:] == ["0", "none"]
+    assert main(["score", str(model_dir), "--file", str(bad), "--limit", "0", "--json"]) == 0
+    total = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert total["documents"] == 0 and total["bpb"] is None and total["mean_document_bpb"] is None
     assert main(["score", str(model_dir), "hello", "--context", "-3"]) == 2
     assert capsys.readouterr().err == "learntok score: error: --samples, --batch-size and --context must be >= 1\n"
     # the bytes typed, also when they are not UTF-8 (a Latin-1 terminal): as the shell passes them

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from learntok.data.prepare import PrepareOptions, format_summary, prepare
+    from learntok.data.prepare import PrepareOptions, check_options, format_summary, prepare
     from learntok.data.readers import DataFormatError
     from learntok.data.shards import ShardError
 
@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
         boundary_separator=args.boundary_separator, boundary_shift=args.boundary_shift, bpe_rate=args.bpe_rate,
         bpe_max_vocab=args.bpe_max_vocab, bpe_train_bytes=args.bpe_train_bytes,
     )
+    try:
+        check_options(opts)
+    except ValueError as e:  # bad arguments (status 2), before any input is read
+        raise CommandError(str(e)) from None
     try:  # an --out that may not be replaced (FileExistsError) is bad arguments, left to `learntok.cli`
         summary = prepare(opts)
     except (DataFormatError, FileNotFoundError, ImportError, ValueError, ShardError) as e:

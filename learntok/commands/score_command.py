@@ -115,15 +115,17 @@ def run(args: argparse.Namespace) -> int:
             elif shown < args.show:
                 print(f"{name[-44:]:<44} {s.n_bytes:>10,} {f'{s.bpb:.3f}' if s.n_bytes else 'empty':>7}")
                 shown += 1
-    overall = total_bits / max(total_bytes, 1)
-    mean_doc = sum(per_doc) / max(len(per_doc), 1)
+    # no byte scored (no document, or only empty ones): no bits per byte, rather than a perfect-looking 0.000
+    overall = total_bits / total_bytes if total_bytes else None
+    mean_doc = sum(per_doc) / len(per_doc) if per_doc else None
     if args.json:
         print(json.dumps({"document": "total", "documents": n, "bytes": int(total_bytes), "bits": total_bits,
                           "bpb": overall, "mean_document_bpb": mean_doc}))
     else:
         if n > shown:
             print(f"... {n - shown} more documents")
-        print(f"{f'total ({n} documents, byte-weighted)':<44} {int(total_bytes):>10,} {overall:>7.3f}")
+        shown_bpb = f"{overall:.3f}" if overall is not None else "none"
+        print(f"{f'total ({n} documents, byte-weighted)':<44} {int(total_bytes):>10,} {shown_bpb:>7}")
         if len(per_doc) > 1:
             empty = f", {n - len(per_doc)} empty left out" if len(per_doc) < n else ""
             print(f"{f'mean over documents{empty}':<44} {'':>10} {mean_doc:>7.3f}")

@@ -75,7 +75,8 @@ def is_val(doc_index: int, seed: int, val_fraction: float) -> bool:
     return h < val_fraction * 2.0**64
 
 
-def _check(opts: PrepareOptions) -> None:
+def check_options(opts: PrepareOptions) -> None:
+    """Options that cannot make a dataset, refused before any input is read."""
     if not opts.inputs:
         raise ValueError("no input given")
     if not 0.0 <= opts.val_fraction < 1.0:
@@ -113,7 +114,7 @@ def _check(opts: PrepareOptions) -> None:
 def prepare(opts: PrepareOptions) -> dict[str, Any]:
     """Read `opts.inputs`, write the prepared dataset to `opts.out` and return the summary (also written
     to `summary.json` there). Raises before writing anything final if no document is kept."""
-    _check(opts)
+    check_options(opts)
     from tqdm import tqdm  # a dependency of learntok; imported here to keep module import light
 
     stats = ReadStats()

@@ -264,6 +264,10 @@ def _read_jsonl_records(path: str | Path, parse, skip_bad_lines: bool, stats: Re
                 try:
                     record = parse(line)
                 except _BadRecord as e:
+                    if stats.documents == stats.bad_lines == 0 and line.lstrip().startswith(b"["):
+                        # one JSON document holding a list: skipping bad lines would skip all of it
+                        raise DataFormatError(f"{path}:{lineno}: a JSON array, not JSON Lines (one JSON object "
+                                              f"per line): write one record per line") from None
                     message = f"{path}:{lineno}: {e.message}"
                     if not skip_bad_lines:
                         raise DataFormatError(message) from None
