@@ -298,11 +298,15 @@ def from_pretrained(path_or_repo: str | Path, device: str | torch.device = "cpu"
         path = path.parent
     if path.is_dir():
         directory = path
-    elif _REPO_ID.match(str(path_or_repo)):
+    elif _REPO_ID.match(str(path_or_repo)) and not path.parent.is_dir():  # `runs/demo0`, `runs` a folder: a typo
         directory = _download(str(path_or_repo), revision, token, cache_dir, local_files_only)
     else:
-        what = "a file, not a model directory" if path.exists() else "no such directory"
-        raise ModelLoadError(f"{path_or_repo}: {what}, and not a Hugging Face Hub repo id (owner/name)")
+        if path.exists():
+            raise ModelLoadError(f"{path_or_repo}: a file, not a model directory")
+        if _REPO_ID.match(str(path_or_repo)):
+            raise ModelLoadError(f"{path_or_repo}: no such directory ({path.parent} is a local folder, so it is not "
+                                 f"taken for a Hugging Face Hub repo id)")
+        raise ModelLoadError(f"{path_or_repo}: no such directory, and not a Hugging Face Hub repo id (owner/name)")
 
     if (directory / CONFIG_NAME).exists():
         return load_directory(directory, device, source=str(path_or_repo))
@@ -417,8 +421,9 @@ def _download(repo_id: str, revision, token, cache_dir, local_files_only) -> Pat
                                       allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *STRATEGY_FILES],
                                       library_name="learntok", library_version=__version__)
     except Exception as e:  # not found, no network, no access: say which and keep the original error chained
+        first = (str(e).strip().splitlines() or [""])[0]  # huggingface_hub's messages run on over several lines
         raise ModelLoadError(f"{repo_id}: no local directory of that name, and downloading it from the Hugging Face "
-                             f"Hub failed ({type(e).__name__}: {e})") from e
+                             f"Hub failed ({type(e).__name__}: {first})") from e
     return Path(local)
 
 

@@ -109,9 +109,13 @@ def edit_config(directory, change):
     path.write_text(json.dumps(meta))
 
 
-def test_missing_and_foreign_directories(tmp_path, saved):
+def test_missing_and_foreign_directories(tmp_path, saved, monkeypatch):
     with pytest.raises(ModelLoadError, match="no such directory"):
         from_pretrained(str(tmp_path / "nowhere" / "deeper" / "still"))
+    (tmp_path / "runs").mkdir()  # `runs/demo0` beside a local runs/: a mistyped path, not fetched from the Hub
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError, match=r"runs/demo0: no such directory \(runs is a local folder"):
+        from_pretrained("runs/demo0")
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(ModelLoadError, match="notes.txt: a file, not a model directory"):
         from_pretrained(tmp_path / "notes.txt")
@@ -208,14 +212,15 @@ def test_hub_repo_ids(monkeypatch, saved):
     def fake_download(repo_id, **kw):
         calls.append((repo_id, kw.get("revision")))
         if repo_id == "someone/missing":
-            raise RuntimeError("404 Repository Not Found")
+            raise RuntimeError("404 Repository Not Found\nMake sure the repo id is right and you have access.")
         return str(saved)
 
     monkeypatch.setattr(hub, "snapshot_download", fake_download)
     model = from_pretrained("someone/tiny", revision="v1")
     assert calls == [("someone/tiny", "v1")] and model.info.source == "someone/tiny"
-    with pytest.raises(ModelLoadError, match="Hugging Face Hub failed.*404"):
+    with pytest.raises(ModelLoadError, match="Hugging Face Hub failed.*404") as info:
         from_pretrained("someone/missing")
+    assert "\n" not in str(info.value)  # one line: the first of huggingface_hub's message
 
 
 def test_push_to_hub(monkeypatch):

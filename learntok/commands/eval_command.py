@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                                          mode=args.boundaries, samples=args.samples, seed=args.seed,
                                          batch_size=args.batch_size, compile=args.compile)
         except (CheckpointError, FileNotFoundError, ValueError) as e:
-            raise CommandError(f"{ckpt}: {e}") from None
+            raise CommandError(str(e) if str(e).startswith(str(ckpt)) else f"{ckpt}: {e}") from None
         cfg = scorer.run_config
         own_heldout = run_heldout_source(cfg)
         if scorer.data_track and tasks:
