@@ -469,9 +469,10 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
         return list(data) if data is not None else super().convert_tokens_to_ids(tokens)
 
     def convert_ids_to_tokens(self, ids: int | list[int], skip_special_tokens: bool = False) -> str | list[str]:
-        if isinstance(ids, int):
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor or array: its ints at once
+        if isinstance(ids, int):  # one id (a 0-d tensor or array too)
             return super().convert_ids_to_tokens(ids, skip_special_tokens)
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # a tensor or array: its ints at once
+        ids = list(ids)
         if skip_special_tokens:
             special = set(self.all_special_ids)
             ids = [i for i in ids if i not in special]

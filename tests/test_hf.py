@@ -436,6 +436,8 @@ def test_tokenizer_converts_whole_texts_as_it_converts_token_by_token():
                 reference = b"".join(bytes([ord(t)]) if len(t) == 1 else t.encode() for t in tokens)
                 assert text == reference.decode("utf-8", errors="replace")
     assert kept("a<eos>b<sep>")["input_ids"] == [ord("a"), EOS, ord("b"), len(kept) - 1]
+    for one in (97, torch.tensor(97), np.int64(97)):  # one id, however given, is one token
+        assert tokenizer.convert_ids_to_tokens(one) == "a"
     for texts in ("héllo", ["héllo", "a"]):  # offsets: refused, not left out without a word
         with pytest.raises(NotImplementedError, match="no offsets mapping"):
             tokenizer(texts, return_offsets_mapping=True, padding=True)
