@@ -296,14 +296,15 @@ def from_pretrained(path_or_repo: str | Path, device: str | torch.device = "cpu"
     path = Path(path_or_repo).expanduser()
     if path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME, "state.json"):
         path = path.parent
+    repo_like = _REPO_ID.match(str(path_or_repo)) is not None
     if path.is_dir():
         directory = path
-    elif _REPO_ID.match(str(path_or_repo)) and not path.parent.is_dir():  # `runs/demo0`, `runs` a folder: a typo
+    elif repo_like and not path.parent.is_dir():  # `runs/demo0` beside a local `runs` folder: a typo
         directory = _download(str(path_or_repo), revision, token, cache_dir, local_files_only)
     else:
         if path.exists():
             raise ModelLoadError(f"{path_or_repo}: a file, not a model directory")
-        if _REPO_ID.match(str(path_or_repo)):
+        if repo_like:
             raise ModelLoadError(f"{path_or_repo}: no such directory ({path.parent} is a local folder, so it is not "
                                  f"taken for a Hugging Face Hub repo id)")
         raise ModelLoadError(f"{path_or_repo}: no such directory, and not a Hugging Face Hub repo id (owner/name)")

@@ -19,17 +19,22 @@ import torch
 from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy
 
 
+def uniform_count(n: int, rate: float) -> int:
+    """The boundaries of a sequence of n positions: max(1, round(n * rate))."""
+    return max(1, round(n * rate))
+
+
 def uniform_boundaries(n: int, rate: float, device=None) -> torch.Tensor:
-    """(n,) bool with exactly max(1, round(n * rate)) evenly spaced boundaries, the first at 0."""
-    k = max(1, round(n * rate))
+    """(n,) bool with exactly `uniform_count(n, rate)` evenly spaced boundaries, the first at 0."""
+    k = uniform_count(n, rate)
     positions = (torch.arange(k, device=device) * n) // k
     # index_fill_ takes the value as a scalar: `a[positions] = True` would copy it from the host, a sync on a GPU
     return torch.zeros(n, dtype=torch.bool, device=device).index_fill_(0, positions, True)
 
 
 def uniform_grid(batch_size: int, n: int, rate: float, device=None) -> torch.Tensor:
-    """(B, 2) int64: N = n and K = max(1, round(n * rate)) per row, what `on_uniform_grid` reads."""
-    return torch.tensor([n, max(1, round(n * rate))], device=device).repeat(batch_size, 1)
+    """(B, 2) int64: N = n and K = `uniform_count(n, rate)` per row, what `on_uniform_grid` reads."""
+    return torch.tensor([n, uniform_count(n, rate)], device=device).repeat(batch_size, 1)
 
 
 def on_uniform_grid(position: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
