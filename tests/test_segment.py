@@ -269,6 +269,11 @@ def test_score_command(model_dir, model, tmp_path, capsys):
     again = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["bytes"] for r in again[:-1]] == [r["bytes"] for r in rows[1:-1]] + [rows[1]["bytes"]]
     assert [r["bits"] for r in again[:-1]] == pytest.approx([r["bits"] for r in rows[1:-1]] + [rows[1]["bits"]])
+    # every name `prepare` reads as JSON Lines is read so here too, not scored as one text
+    (tmp_path / "docs.NDJSON").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    assert main(["score", str(model_dir), "--file", str(tmp_path / "docs.NDJSON"), "--field", "body", "--json"]) == 0
+    third = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["bytes"] for r in third[:-1]] == [r["bytes"] for r in rows[1:-1]]
 
 
 def test_generate_command(model_dir, capsys):

@@ -1,6 +1,7 @@
 """`learntok score`: bits per byte a trained model assigns to texts, per document and overall
-(byte-weighted). Documents are TEXT arguments, text files (one document each), or JSON-lines files
-(`.jsonl`, `.jsonl.gz`: one document per line, its text in `--field`)."""
+(byte-weighted). Documents are TEXT arguments, text files (one document each), JSON-lines files (one
+document per line, its text in `--field`) or Parquet files (one per row), told apart by name as `prepare`
+tells them (`learntok.data.readers.detect_format`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="RUN", help=MODEL_HELP)
     p.add_argument("texts", nargs="*", metavar="TEXT", help="texts to score (each one document)")
     p.add_argument("--file", "-f", action="append", default=[], metavar="F",
-                   help="a text file (one document; gzip is decompressed), a .jsonl / .jsonl.gz file (one per line) "
-                        "or a .parquet file (one per row); repeatable")
+                   help="a text file (one document; gzip is decompressed), a JSON-lines file (.jsonl, .ndjson, .json, "
+                        "each also .gz: one document per line) or a .parquet file (one per row); repeatable")
     p.add_argument("--field", default="text", help="the JSON field or Parquet column holding the text (default: text)")
     p.add_argument("--limit", type=int, default=None, help="at most this many documents per JSON-lines or Parquet file")
     p.add_argument("--samples", type=int, default=1,
@@ -43,7 +44,7 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
     """(name, bytes) of every document: the TEXT arguments, then each file: JSON Lines and Parquet by record
     (`field`), any other file whole (decompressed when gzip). A malformed record is a `DataFormatError` naming
     its file and line (`learntok.data.readers`)."""
-    from ..data.readers import read_jsonl, read_parquet, read_text
+    from ..data.readers import detect_format, iter_documents, read_text
 
     for i, text in enumerate(texts):
         short = text if len(text) <= 28 else text[:25] + "..."
@@ -54,13 +55,11 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
             raise CommandError(f"{file} is a folder; give text or JSON-lines files")
         if not path.is_file():
             raise CommandError(f"{file}: no such file")
-        if path.name.endswith(".parquet"):
-            records = read_parquet(path, field)
-        elif path.name.endswith((".jsonl", ".jsonl.gz")):
-            records = read_jsonl(path, field)
-        else:
+        format = detect_format(path)
+        if format == "text":
             yield str(path), next(read_text(path))
             continue
+        records = iter_documents(path, format, field)
         for n, doc in enumerate(records, 1):
             if limit is not None and n > limit:
                 break
