@@ -1354,6 +1354,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"every stage on a CPU with tiny sizes (a given --flops capped at {Sizes.dry().max_flops:.0e})")
     args = p.parse_args(argv)
     sizes = Sizes.dry() if args.dry_run else Sizes.real()
+    if args.dry_run:  # compile generation's step as on a GPU, without a CPU's autotuning (a minute per graph)
+        os.environ["TORCHINDUCTOR_MAX_AUTOTUNE"] = "0"
     if args.learn_seconds:
         sizes.learn_seconds = args.learn_seconds
     out_dir = Path(args.out or os.environ.get("OUT") or "gpu_check")

@@ -131,7 +131,8 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
     2-core machine: 13 ms per byte with 1 thread, 320 ms with 2). None or 0 keeps torch's setting.
 
     `compile`: step through `compiled_step`, one compiled graph per byte (several times faster on a CPU,
-    after tens of seconds of compiling once per process, model, batch size and thread count)."""
+    after 70-90 s of compiling once per process, model, batch size and thread count; see
+    `incremental.autotunes`)."""
     model = as_unet(model)
     batched = not isinstance(prompt, (str, bytes, bytearray))
     prompts = [_encode(p) for p in (prompt if batched else [prompt])]

@@ -7,6 +7,7 @@ byte per row per step (`ByteUNet.step`, or the same step compiled into one graph
 from __future__ import annotations
 
 import itertools
+import os
 import types
 import weakref
 from collections.abc import Sequence
@@ -78,7 +79,17 @@ class CachedRows:
 # Inductor settings of the compiled step: the weights become constants (on a CPU the small matrix products
 # are then generated for their shapes: max_autotune), and the graph is called from C++ rather than Python.
 # On a GPU, autotuning every matrix product of a large model would take minutes to compile; cuBLAS serves.
+# On a CPU autotuning costs about 45 s more compiling for 1.4x the bytes/s at batch 1 (none at 16; demo
+# model, 2 threads), so Inductor's own TORCHINDUCTOR_MAX_AUTOTUNE=0 turns it off, for short generations.
 _STEP_INDUCTOR = {"freezing": True, "cpp_wrapper": True}
+
+
+def autotunes(device: torch.device) -> bool:
+    """Whether the compiled step autotunes its matrix products on `device`: on a CPU, unless the environment
+    sets TORCHINDUCTOR_MAX_AUTOTUNE=0."""
+    return device.type == "cpu" and os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE", "").strip() != "0"
+
+
 _compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(B, threads): CompiledStep}
 
 
@@ -91,8 +102,8 @@ class CompiledStep:
     `ByteUNet.advance`) or a dynamic size (the token level's slots). What cannot change is fixed when it
     is built: the model and its weights (compiled in as constants), B, boundary draws given as `uniforms`.
     So dynamo checks no guards at each step; `__call__` checks B, `compiled_step` the weights. Compiling
-    takes tens of seconds on a CPU, once per process, model, B and thread count: worth it for hundreds
-    of bytes."""
+    takes 70-90 s on a CPU (30-50 s without autotuning, `autotunes`), once per process, model, B and thread
+    count: worth it for thousands of bytes."""
 
     def __init__(self, model, batch_size: int):
         self.model = weakref.ref(model)  # kept beside the model (`compiled_step`), not keeping it alive
@@ -104,9 +115,9 @@ class CompiledStep:
         # no inner frame with graphs of its own)
         self.fn = torch.compile(_own_copy(_step), fullgraph=True,
                                 options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
-        on_cpu = next(model.parameters()).device.type == "cpu"
         # read while compiling, at the first call
-        self.settings = torch._inductor.config.patch({**_STEP_INDUCTOR, "max_autotune": on_cpu})
+        self.settings = torch._inductor.config.patch(
+            {**_STEP_INDUCTOR, "max_autotune": autotunes(next(model.parameters()).device)})
 
     def __call__(self, byte: torch.Tensor, cache, uniforms: torch.Tensor):
         """`model.step(byte, cache, uniforms=uniforms)`: byte and uniforms (B,)."""

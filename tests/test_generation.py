@@ -14,7 +14,7 @@ from learntok.boundaries import STRATEGIES
 from learntok.boundaries.base import BoundaryStrategy
 from learntok.data.batch import BOS, EOS, PAD
 from learntok.generation import Generation, generate, sample_next, score, score_texts
-from learntok.incremental import CachedRows, compiled_step
+from learntok.incremental import CachedRows, CompiledStep, autotunes, compiled_step
 from learntok.model import layers
 from learntok.unet import ByteUNet
 
@@ -305,9 +305,20 @@ def test_compiled_generation_matches_eager():
         generate(model, "x", max_bytes=2, use_cache=False, compile=True)
 
 
-def test_a_compiled_step_serves_every_length_of_a_length_dependent_strategy():
+def test_the_compiled_step_autotunes_on_a_cpu_unless_inductor_is_told_not_to(monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_MAX_AUTOTUNE", raising=False)
+    assert autotunes(torch.device("cpu")) and not autotunes(torch.device("cuda"))
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "0")
+    assert not autotunes(torch.device("cpu"))
+    step = CompiledStep(make_model("uniform"), 1)  # the settings its first call compiles with
+    assert step.settings.changes["max_autotune"] is False and step.settings.changes["freezing"] is True
+
+
+def test_a_compiled_step_serves_every_length_of_a_length_dependent_strategy(monkeypatch):
     """uniform spreads its pattern over the generation's length: one compiled graph, built at the first length
-    and called without guards, serves the next lengths and draws the eager bytes and boundaries."""
+    and called without guards, serves the next lengths and draws the eager bytes and boundaries. (Compiled as
+    on a GPU, without autotuning: the test above compiles as a CPU does.)"""
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "0")
     model = make_model("uniform")
     for prompt, n in (("ab", 20), ("hello there, general", 70), (["Hi", "Hello"], 9)):
         kw = dict(max_bytes=n, seed=1, top_k=1, stop_on_eos=False)

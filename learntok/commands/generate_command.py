@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads for cached generation (default 1: one row of tiny operations only "
                         "loses from threading; 0: torch's default)")
     p.add_argument("--compile", action="store_true",
-                   help="compile the per-byte step (torch.compile) first: tens of seconds once, then several "
-                        "times faster per byte on a CPU; worth it for long outputs")
+                   help="compile the per-byte step (torch.compile) first: 70-90 s on a CPU (30-50 s with "
+                        "TORCHINDUCTOR_MAX_AUTOTUNE=0, a little slower per byte), then several times faster per "
+                        "byte; worth it for long outputs")
     p.add_argument("--device", default="cpu")
 
 
