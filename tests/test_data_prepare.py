@@ -124,7 +124,7 @@ def test_failure_leaves_nothing_behind(tmp_path):
 
 def test_nothing_kept_is_an_error(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl", ["a", "bb"], field="content")
-    with pytest.raises(ValueError, match="no document kept.*first bad line.*fields present: 'content'"):
+    with pytest.raises(ValueError, match="no document kept.*first bad record.*fields present: 'content'"):
         run([corpus], tmp_path / "out", skip_bad_lines=True)
     assert not (tmp_path / "out").exists()
 

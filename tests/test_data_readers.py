@@ -132,6 +132,28 @@ def test_folder_auto_detects_each_file(tmp_path):
 RAW = b"<page>\xff\xfe\x00abc\x80\xc3(</page>\n"  # not UTF-8, with a NUL
 
 
+def test_a_binary_file_in_a_folder_is_named_skipped_on_request_or_read_raw(tmp_path):
+    """A folder's files are not chosen one by one: a stray image is not taken as a document of text."""
+    root = tmp_path / "corpus"
+    (root / "img").mkdir(parents=True)
+    (root / "a.txt").write_bytes(b"caf\xc3\xa9 \xff latin-1 bytes")  # not UTF-8, but no NUL: text
+    (root / "img" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (root / "z.txt.gz").write_bytes(gzip.compress(b"last"))
+    with pytest.raises(DataFormatError, match=r"logo\.png: holds NUL bytes, so it is a binary file.*--format raw"):
+        list(iter_documents(root))
+    stats = ReadStats()
+    assert list(iter_documents(root, skip_bad_lines=True, stats=stats)) == [b"caf\xc3\xa9 \xff latin-1 bytes", b"last"]
+    assert stats.bad_reasons == {"binary file": 1} and "logo.png" in stats.first_bad
+    assert len(list(iter_documents(root, format="raw"))) == 3  # every file's bytes, as asked
+    (root / "img" / "logo.png").write_bytes(gzip.compress(b"\x00" * 10))  # found after decompressing too
+    with pytest.raises(DataFormatError, match="logo.png"):
+        list(iter_documents(root))
+    (root / "img" / "logo.png").unlink()
+    (root / "bad.gz").write_bytes(gzip.compress(b"text")[:-6])  # truncated: named by the reader, not as binary
+    with pytest.raises(DataFormatError, match="bad.gz: cannot decompress"):
+        list(iter_documents(root))
+
+
 def test_raw_bytes_whole_file_and_chunked(tmp_path):
     path = tmp_path / "enwik8"
     path.write_bytes(RAW)

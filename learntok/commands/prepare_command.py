@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-bytes", type=int, default=1,
                         help="drop documents shorter than this; e.g. 4096 for the paper's setup (default: 1)")
     parser.add_argument("--skip-bad-lines", action="store_true",
-                        help="skip (and count) malformed records instead of stopping at the first")
+                        help="skip (and count) malformed records, and a folder's binary files, instead of stopping at "
+                             "the first")
     parser.add_argument("--shard-bytes", type=_size, default=DEFAULT_SHARD_BYTES,
                         help="maximum bytes per shard file, e.g. 256M (default: 1G)")
     parser.add_argument("--max-docs", type=int, default=None, help="stop after reading this many documents")

@@ -214,9 +214,9 @@ def _route(writer: DatasetWriter, index: int, doc, opts: PrepareOptions, counts:
 def _nothing_kept_message(opts: PrepareOptions, counts: dict, stats: ReadStats) -> str:
     msg = (f"no document kept from {', '.join(map(str, opts.inputs))}: read {counts['read']}, "
            f"{counts['empty']} empty, {counts['short']} shorter than {opts.min_bytes} bytes, "
-           f"{stats.bad_lines} bad lines skipped")
+           f"{stats.bad_lines} bad records skipped")
     if stats.first_bad:
-        msg += f"; first bad line: {stats.first_bad}"
+        msg += f"; first bad record: {stats.first_bad}"
     return msg
 
 
@@ -267,10 +267,10 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"read {s['documents_read']:,} documents ({mb(s['bytes_read'])}) from {len(s['inputs'])} input(s)",
         (f"kept {s['documents_kept']:,}; dropped {s['dropped_empty']:,} empty, {s['dropped_short']:,} "
-         f"shorter than {s['min_bytes']} bytes; bad lines skipped: {s['bad_lines_skipped']:,}"),
+         f"shorter than {s['min_bytes']} bytes; bad records skipped: {s['bad_lines_skipped']:,}"),
     ]
     if s["first_bad_line"]:
-        lines.append(f"first bad line: {s['first_bad_line']}")
+        lines.append(f"first bad record: {s['first_bad_line']}")
     for name, sp in s["splits"].items():
         lines.append(f"{name:>5}: {sp['documents']:,} documents, {mb(sp['bytes'])} in {sp['shards']} shard(s)")
     if s["splits"]["val"]["documents"] == 0:

@@ -3,7 +3,7 @@
 Supported layouts, detected from the path unless a format is given:
 
 - `text`: a plain file, or a folder read recursively; one document per file, bytes as they are (a gzip file,
-  `.txt.gz`, is decompressed first).
+  `.txt.gz`, is decompressed first). A folder's file with NUL bytes is binary: an error, or skipped.
 - `jsonl`: JSON Lines, optionally gzip (`.jsonl`, `.jsonl.gz`, `.json`, `.json.gz`, `.ndjson`); one
   object per line, the document is the string in `field` (`text` for FineWeb, `content` for CodeParrot).
 - `parquet`: Parquet files (needs `pyarrow`), the document is the string or binary column `field`.
@@ -158,6 +158,15 @@ def iter_documents(
         elif Path(item).is_dir():
             for path in _files_under(Path(item)):
                 sub = (_format_from_suffix(path.name) or "text") if format == "auto" else fmt
+                if sub == "text" and _looks_binary(path):
+                    # a folder's files are not chosen one by one: an image or an archive in it is a stray
+                    message = f"{path}: holds NUL bytes, so it is a binary file (or UTF-16 text), not text"
+                    if not skip_bad_lines:
+                        raise DataFormatError(f"{message}; remove it from the folder (learntok prepare can also "
+                                              f"skip such files, --skip-bad-lines, or keep every file's bytes, "
+                                              f"--format raw)")
+                    stats.skip(message, "binary file")
+                    continue
                 yield from _read_file(path, sub, field, skip_bad_lines, raw_doc_bytes, stats)
         else:
             yield from _read_file(Path(item), fmt, field, skip_bad_lines, raw_doc_bytes, stats)
@@ -211,6 +220,16 @@ def read_raw(
             return
         while chunk := f.read(doc_bytes):
             yield stats.count(chunk)
+
+
+def _looks_binary(path: Path) -> bool:
+    """Git's test: a NUL byte among the first 8000 bytes (after decompressing gzip). Text in UTF-8 or any
+    single-byte encoding has none."""
+    try:
+        with _open_maybe_gzip(path) as f:
+            return b"\0" in f.read(8000)
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        return False  # reading it says what is wrong, with its name
 
 
 def _open_maybe_gzip(path: Path):
