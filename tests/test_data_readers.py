@@ -101,8 +101,15 @@ def test_truncated_gzip_is_reported(tmp_path):
     path = tmp_path / "cut.jsonl.gz"
     full = gzip.compress(b"".join(b'{"text": "%d"}\n' % i for i in range(2000)))
     path.write_bytes(full[: len(full) // 2])
-    with pytest.raises(DataFormatError, match="truncated"):
-        list(iter_documents(path))
+    stats = ReadStats()
+    with pytest.raises(DataFormatError, match=r"cut\.jsonl\.gz: cannot read the file after line (\d+) .*truncated") as e:
+        for _ in iter_documents(path, stats=stats):
+            pass
+    assert int(e.value.args[0].split("after line ")[1].split()[0]) == stats.documents > 0  # the lines read whole
+    small = tmp_path / "small.jsonl.gz"  # cut inside the first block of lines: no line was read
+    small.write_bytes(gzip.compress(b'{"text": "a"}\n{"text": "b"}\n')[:14])
+    with pytest.raises(DataFormatError, match=r"small\.jsonl\.gz: cannot read the file from its first line"):
+        list(iter_documents(small))
 
 
 def test_folder_of_text_files_recursive_sorted(tmp_path):

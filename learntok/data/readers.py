@@ -297,8 +297,10 @@ def _read_jsonl_records(path: str | Path, parse, skip_bad_lines: bool, stats: Re
     except (EOFError, zlib.error, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        # A download cut short ends in the middle of the gzip stream.
-        raise DataFormatError(f"{path}:{lineno + 1}: cannot read the file ({e}); is it truncated?") from e
+        # A download cut short ends in the middle of the gzip stream. Lines are read in blocks, so the bad
+        # block may begin after the last line read: say where the good part ends, not a line that may be whole
+        where = f"after line {lineno}" if lineno else "from its first line"
+        raise DataFormatError(f"{path}: cannot read the file {where} ({e}); is it truncated?") from e
 
 
 def _field_of_line(line: bytes, field: str) -> bytes:
