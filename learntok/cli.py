@@ -27,6 +27,7 @@ COMMANDS = {
     "segment": "show the learned tokens of a text",
     "score": "bits-per-byte of a text or file",
     "generate": "sample text from a trained model",
+    "export": "write a trained model as a model directory for transformers, or push it to the Hugging Face Hub",
     "compare": "train several boundary strategies at matched FLOPs and compare them",
 }
 

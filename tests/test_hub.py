@@ -246,3 +246,71 @@ def test_push_to_hub(monkeypatch):
     assert record == {"token": "t", "repo": ("me/tiny", True, True),
                       "files": ["README.md", "config.json", "learntok_hf.py", "model.safetensors",
                                 "tokenizer_config.json"]}
+
+
+def test_export_command_writes_a_model_directory_and_pushes_it(tmp_path, monkeypatch, capsys):
+    """`learntok export RUN DIR`: the run's model as `save_pretrained` writes it (its training facts kept),
+    in bfloat16 when asked; `--push` uploads the same files; a directory of other files is refused."""
+    from learntok.cli import main
+
+    model, cfg = make_model()
+    run = run_dir(tmp_path, model, cfg)
+    assert main(["export", str(run), str(tmp_path / "out")]) == 0
+    assert f"wrote {tmp_path / 'out'}: README.md, config.json" in capsys.readouterr().out
+    exported = from_pretrained(tmp_path / "out")
+    assert torch.equal(logits(model), logits(exported))
+    meta = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert meta["training"]["bytes_seen"] == 3584 and meta["train"] == to_dict(cfg.train)
+    assert main(["export", str(run), str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0  # an earlier export: replaced
+    assert {str(v.dtype) for v in load_file(str(tmp_path / "out" / "model.safetensors")).values()} == {"torch.bfloat16"}
+    half = logits(from_pretrained(tmp_path / "out")).float()
+    assert not torch.equal(half, logits(model)) and torch.allclose(half, logits(model), atol=0.1)
+
+    hub = pytest.importorskip("huggingface_hub")
+    pushed = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, **kw):
+            pushed["repo"] = (repo_id, kw.get("private"))
+
+        def upload_folder(self, repo_id, folder_path, **kw):
+            from pathlib import Path
+            pushed["files"] = sorted(p.name for p in Path(folder_path).iterdir())
+            return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    capsys.readouterr()
+    assert main(["export", str(run), "--push", "me/tiny", "--private"]) == 0
+    assert pushed == {"repo": ("me/tiny", True), "files": ["README.md", "config.json", "learntok_hf.py",
+                                                           "model.safetensors", "tokenizer_config.json"]}
+    assert "me/tiny/commit/abc" in capsys.readouterr().out
+
+    class NoAccess(FakeApi):
+        def create_repo(self, repo_id, **kw):
+            raise RuntimeError("401 Client Error: Unauthorized\nInvalid credentials in Authorization header")
+
+    monkeypatch.setattr(hub, "HfApi", NoAccess)
+    assert main(["export", str(run), "--push", "me/tiny"]) == 1
+    assert "uploading to me/tiny failed: 401 Client Error: Unauthorized\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "give the directory to write, --push OWNER/NAME, or both"),
+    (["{run}"], "holds other files; give a new or empty directory"),  # the run itself: its files stay as they are
+    (["{tmp}/file"], "is a file; give a directory"),
+    (["{tmp}/new", "--private"], "--private is for --push"),
+])
+def test_export_command_refuses_what_would_lose_or_mix_files(tmp_path, capsys, args, message):
+    from learntok.cli import main
+
+    model, cfg = make_model()
+    run = run_dir(tmp_path, model, cfg)
+    (tmp_path / "file").write_text("x")
+    before = sorted(p.name for p in run.iterdir())
+    argv = ["export", str(run), *(a.format(run=run, tmp=tmp_path) for a in args)]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before and not (tmp_path / "new").exists()
