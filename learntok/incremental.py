@@ -79,8 +79,8 @@ class CachedRows:
 # Inductor settings of the compiled step: the weights become constants (on a CPU the small matrix products
 # are then generated for their shapes: max_autotune), and the graph is called from C++ rather than Python.
 # On a GPU, autotuning every matrix product of a large model would take minutes to compile; cuBLAS serves.
-# On a CPU autotuning costs about 45 s more compiling for 1.4x the bytes/s at batch 1 (none at 16; demo
-# model, 2 threads), so Inductor's own TORCHINDUCTOR_MAX_AUTOTUNE=0 turns it off, for short generations.
+# On a CPU autotuning costs about 45 s more compiling for 1.4x the bytes/s at batch 1 (none at 16; the
+# demo's config, 2 threads), so Inductor's own TORCHINDUCTOR_MAX_AUTOTUNE=0 turns it off, for short generations.
 _STEP_INDUCTOR = {"freezing": True, "cpp_wrapper": True}
 
 

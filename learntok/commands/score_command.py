@@ -55,11 +55,11 @@ def documents(texts: list[str], files: list[str], field: str, limit: int | None)
             raise CommandError(f"{file} is a folder; give text or JSON-lines files")
         if not path.is_file():
             raise CommandError(f"{file}: no such file")
-        format = detect_format(path)
-        if format == "text":
+        kind = detect_format(path)
+        if kind == "text":
             yield str(path), next(read_text(path))
             continue
-        records = iter_documents(path, format, field)
+        records = iter_documents(path, kind, field)
         for n, doc in enumerate(records, 1):
             if limit is not None and n > limit:
                 break

@@ -30,9 +30,10 @@ Context/continuation conventions (all from lm-evaluation-harness, zero-shot, no 
   ``preprocess(activity_label + ": " + ctx)``; candidates ``" " + preprocess(ending)``; gold
   ``int(label)``. ``preprocess`` strips, turns ``" [title]"`` into ``". "``, deletes other
   ``[...]`` spans (WikiHow artefacts) and collapses double spaces. When ``ctx_b`` is empty, as in
-  preprocessed text releases (the shared file), the whole context is taken from ``ctx`` (falling
-  back to ``ctx_a``); with ``ctx_b`` empty the harness formula gives the same string after
-  ``strip``.
+  preprocessed text releases, the whole context is taken from ``ctx`` (falling back to ``ctx_a``),
+  which is what the harness formula gives for such a record. On the hub's ``Rowan/hellaswag``, where
+  ``ctx_b`` is filled, the harness capitalises it, so a release whose ``ctx`` kept ``ctx_b`` in lower
+  case ("... on a roof. he") differs from the harness's context by that letter.
 * ARC-Easy: context ``"Question: {question}\\nAnswer:"``, candidates ``" " + text`` for each of
   ``choices.text``, gold ``choices.label.index(answerKey)`` (labels may be letters or digits, and
   items may have 3-5 choices).

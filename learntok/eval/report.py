@@ -197,7 +197,9 @@ def render_markdown(
             if any(k in r and _finite(r[k].acc) for _, r in norm)
         ]
         if acc_cols:
-            out += ["", "Zero-shot accuracy (higher is better), \u00b1 standard error.", ""]
+            out += ["", "Zero-shot accuracy (higher is better), \u00b1 standard error: the candidate of lowest "
+                    "bits-per-byte (the paper's normalisation, the leading space counted; lm-evaluation-harness's "
+                    "acc and acc_norm normalise otherwise); LAMBADA: greedy exact match.", ""]
             out += _table(norm, acc_cols, digits, "acc", bold_best, higher_is_better=True)
     return "\n".join(out) + "\n"
 
@@ -225,7 +227,7 @@ def report_dict(
     norm = _normalise(rows)
     d: dict[str, Any] = {
         "metric": "bits-per-byte of the correct continuation (mean over items, standard error); "
-        "acc: zero-shot accuracy",
+        "acc: zero-shot accuracy, the candidate of lowest bits-per-byte (LAMBADA: greedy exact match)",
         "columns": [{"key": k, "header": h} for k, h in columns],
         "rows": [
             {"model": model, "results": {k: r.to_dict() for k, r in res.items()}}
