@@ -185,8 +185,12 @@ def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text()
             r.train_seed = s
     # b's seed-3 run is b[1]: per seed, 1.0 - 1.35 and 1.2 - 1.25
     assert bpb_difference(a, b)["se_seeds"] == pytest.approx(statistics.stdev([1.0 - 1.35, 1.2 - 1.25]) / 2 ** 0.5)
-    b[0].train_seed = 5  # other seeds: unpaired again
-    assert bpb_difference(a, b)["se_seeds"] == pytest.approx((0.02 / 2 + 0.005 / 2) ** 0.5)
+    b[0].train_seed = 5  # seed 4 only in a, 5 only in b: the shared seed 3 alone is compared, the others named
+    d = bpb_difference(a, b)
+    assert d["difference"] == pytest.approx(1.0 - 1.35) and d["se_seeds"] is None and d["left_out"] == [4, 5]
+    b[1].train_seed = 6  # no seed in common: each side's mean and spread, unpaired
+    d = bpb_difference(a, b)
+    assert d["se_seeds"] == pytest.approx((0.02 / 2 + 0.005 / 2) ** 0.5) and d["left_out"] == []
     for r in a + b:
         r.train_seed = None
     one_seed = bpb_difference(a[:1], b)  # no error over seeds with one seed: no verdict, the text's error still shown
@@ -197,6 +201,58 @@ def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text()
     rows = differences(a + b + [RunResult("c", 0, "failed")])
     assert [(r["strategy"], r["from"]) for r in rows] == [("b", "a")]
     assert "| b | +0.200 ± 0.206 | 0.112 | 0.173 |" in differences_markdown(rows)
+
+
+def test_a_seed_that_failed_for_one_strategy_leaves_the_comparison_to_the_seeds_both_finished():
+    """b is 0.01 behind a in each of the seeds both finished; a's third seed, which b did not finish, would
+    have made b look 0.14 ahead (means over different seeds), with a standard error that hid the pairing."""
+    from learntok.compare import RunResult
+    from learntok.compare.report import aggregate, claims, differences, differences_markdown, table_markdown
+
+    def run(strategy, seed, bpb, status="ok"):
+        summary = {"rate": 0.2, "whitespace_precision": 0.3, "whitespace_recall": 0.2, "word_f1": 0.25,
+                   "mean_token_bytes": 5.0, "enrichment_B": 1.1}
+        return RunResult(strategy, seed, status, bpb=bpb, train_seed=seed, flops=1e9, bytes=1e5,
+                         analysis={"summary": summary})
+
+    runs = [run("learned", 0, 2.00), run("learned", 1, 2.10), run("learned", 2, 2.50),
+            run("uniform", 0, 2.01), run("uniform", 1, 2.11), run("uniform", 2, float("nan"), "failed")]
+    (row,) = differences(runs)
+    assert row["difference"] == pytest.approx(0.01) and row["se_seeds"] == pytest.approx(0.0, abs=1e-12)
+    assert row["left_out"] == [2]
+    assert "| uniform; seed 2 left out: not finished by both | +0.010 ± 0.000 |" in differences_markdown([row])
+    uniform = aggregate(runs)[1]
+    assert (uniform["seeds"], uniform["unfinished"]) == (2, 1)
+    assert "2.060 ± 0.071 (2 seeds) (1 run not finished)" in table_markdown([uniform], 1e9)
+    (_, vs_uniform) = claims(runs, whitespace_share=0.2)
+    assert vs_uniform["detail"].endswith("seed 2 left out: not finished by both")
+
+
+def test_a_run_whose_heldout_bpb_is_not_finite_is_a_failed_run(tmp_path, monkeypatch):
+    """A diverged model's NaN would break every mean and spread of the report, each time it is written again."""
+    import learntok.analysis
+    from learntok.compare import RunResult, run as compare_run
+
+    class Report:
+        def to_dict(self):
+            return {"summary": {}}
+
+    class Reference:
+        description = "none"
+
+        def for_batches(self, batches):
+            return None
+
+    nan = {"bpb": float("nan"), "bpb_std_over_samples": 0.0, "sequence_bits": [], "sequence_bytes": []}
+    monkeypatch.setattr(compare_run, "evaluate", lambda *a, **k: nan)
+    monkeypatch.setattr(learntok.analysis, "analyse", lambda *a, **k: Report())
+    monkeypatch.setattr(compare_run, "segment_paragraph", lambda *a, **k: type("S", (), {"to_json": lambda self: {}})())
+    monkeypatch.setattr(compare_run, "evaluation_samples", lambda *a: (1, 1))
+    result = RunResult("learned", 0, "ok", run_dir=str(tmp_path))
+    data = type("Data", (), {"val": []})()
+    compare_run.evaluate_run(type("Settings", (), {"paragraph": "x"})(), result, None, data, Reference(), "cpu")
+    assert result.status == "failed" and "held-out bpb is nan: the model diverged" in result.message
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "failed"
 
 
 def test_every_run_is_evaluated_on_the_same_heldout_sequences_whatever_its_batch_size():

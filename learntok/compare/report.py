@@ -42,7 +42,8 @@ def aggregate(results: list[RunResult]) -> list[dict]:
         bpbs = [r.bpb for r in ok]
         spread = statistics.stdev(bpbs) if len(bpbs) > 1 else None
         summary = {k: mean([r.analysis["summary"].get(k, float("nan")) for r in ok]) for k in ok[0].analysis["summary"]}
-        rows.append({"strategy": name, "status": "ok", "seeds": len(ok), "bpb": mean(bpbs), "bpb_std_over_seeds": spread,
+        rows.append({"strategy": name, "status": "ok", "seeds": len(ok), "unfinished": len(runs) - len(ok),
+                     "bpb": mean(bpbs), "bpb_std_over_seeds": spread,
                      "bpb_std_over_samples": mean([r.bpb_std_over_samples for r in ok]), "eval_samples": ok[0].eval_samples,
                      "flops": mean([r.flops for r in ok]), "bytes": mean([r.bytes for r in ok]),
                      "wall_s": mean([r.wall_s for r in ok]), **summary,
@@ -62,6 +63,8 @@ def table_markdown(rows: list[dict], budget: float) -> str:
         bpb = _fmt(r["bpb"])
         if r["bpb_std_over_seeds"] is not None:
             bpb += f" ± {r['bpb_std_over_seeds']:.3f} ({r['seeds']} seeds)"
+        if r.get("unfinished"):  # a failed or skipped seed: its message is in results.json and the log
+            bpb += f" ({r['unfinished']} run{'s' * (r['unfinished'] > 1)} not finished)"
         lines.append(
             f"| {r['strategy']} | {bpb} | {_fmt(r['rate'])} | {_fmt(r['whitespace_precision'])} | "
             f"{_fmt(r['whitespace_recall'])} | {_fmt(r.get('word_start_precision'))} | "
@@ -84,7 +87,14 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
               the chance of which text was held out; None where the runs did not keep per-sequence bits or
               did not score the same sequences;
     se        both in quadrature (slightly conservative: se_text also holds some of the seeds' noise), the
-              error a verdict uses; None with one seed on either side."""
+              error a verdict uses; None with one seed on either side;
+    left_out  train seeds that only one side finished (a run that failed): where the sides share others,
+              the comparison is of the shared seeds alone, since a mean over other seeds would hold their luck."""
+    seeds = [{r.train_seed for r in runs} for runs in (a, b)]
+    shared = seeds[0] & seeds[1] - {None}
+    left_out = sorted((seeds[0] | seeds[1]) - shared - {None}) if shared else []
+    if left_out:
+        a, b = ([r for r in runs if r.train_seed in shared] for runs in (a, b))
     diff = statistics.fmean(r.bpb for r in a) - statistics.fmean(r.bpb for r in b)
     se_seeds = None
     by_seed = {r.train_seed: r.bpb for r in b}
@@ -98,7 +108,7 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
         side_bits = [[statistics.fmean(bits) for bits in zip(*(r.sequence_bits for r in runs))] for runs in (a, b)]
         _, se_text = ratio_and_se([x - y for x, y in zip(*side_bits)], a[0].sequence_bytes)
     se = None if se_seeds is None else math.hypot(se_seeds, se_text or 0.0)
-    return {"difference": diff, "se_seeds": se_seeds, "se_text": se_text, "se": se}
+    return {"difference": diff, "se_seeds": se_seeds, "se_text": se_text, "se": se, "left_out": left_out}
 
 
 def _describe(d: dict) -> str:
@@ -106,7 +116,12 @@ def _describe(d: dict) -> str:
     parts = [f"{name} {d[key]:.3f}" for name, key in (("over seeds", "se_seeds"), ("over held-out text", "se_text"))
              if d[key] is not None]
     text = f"{d['difference']:+.3f} bpb" + (f" ± {d['se']:.3f}" if d["se"] is not None else "")
-    return text + (f" (standard error {', '.join(parts)})" if parts else "")
+    return text + (f" (standard error {', '.join(parts)})" if parts else "") + _left_out(d)
+
+
+def _left_out(d: dict) -> str:
+    seeds = d.get("left_out")
+    return f"; seed {', '.join(map(str, seeds))} left out: not finished by both" if seeds else ""
 
 
 def _finished_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
@@ -134,7 +149,7 @@ def differences_markdown(rows: list[dict]) -> str:
              "over held-out text |", "|---|---:|---:|---:|"]
     for r in rows:
         both = f"{r['difference']:+.3f}" + (f" ± {r['se']:.3f}" if r["se"] is not None else "")
-        lines.append(f"| {r['strategy']} | {both} | {_fmt(r['se_seeds'])} | {_fmt(r['se_text'])} |")
+        lines.append(f"| {r['strategy']}{_left_out(r)} | {both} | {_fmt(r['se_seeds'])} | {_fmt(r['se_text'])} |")
     return "\n".join(lines)
 
 
@@ -336,7 +351,8 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     table = table_markdown(rows, settings.flops)
     held_out = (f"{first_ok.analysis.get('heldout_sequences')} held-out sequences "
                 f"({first_ok.analysis.get('heldout_bytes')} predicted bytes)") if first_ok else "held-out sequences"
-    spread = f"; ± is the standard deviation over {settings.seeds} seeds." if settings.seeds > 1 else "; one seed."
+    spread = (f"; ± is the standard deviation over the seeds a strategy finished, of {settings.seeds}."
+              if settings.seeds > 1 else "; one seed.")
     notes = [
         (f"Budget: {settings.flops:.4g} training FLOPs per run (paper §4.2 accounting); each run re-plans its "
          f"training bytes so that its cosine schedule ends at the budget (see `learntok/compare/__init__.py`)."),

@@ -189,6 +189,8 @@ def evaluate_run(settings: CompareSettings, result: RunResult, model, data, refe
     ref = reference.for_batches(data.val)
     report = analyse(model, data.val, bpe_reference=ref, samples=analysis_samples, seed=1234)
     result.bpb, result.bpb_std_over_samples = ev["bpb"], ev["bpb_std_over_samples"]
+    if not math.isfinite(result.bpb):  # a diverged model: a failed run, not a number to average with the others
+        result.status, result.message = "failed", f"its held-out bpb is {result.bpb}: the model diverged"
     result.eval_samples, result.analysis_samples = eval_samples, analysis_samples
     result.sequence_bits, result.sequence_bytes = ev["sequence_bits"], ev["sequence_bytes"]
     result.analysis = {**report.to_dict(), "bpe_reference": reference.description,
