@@ -166,3 +166,66 @@ def test_command_line(setup, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "learntok_piqa" in proc.stdout
+
+
+def harness_task(path: str) -> dict:
+    """One of the installed lm-evaluation-harness's task definitions (its `!function` tags kept as names)."""
+    import lm_eval
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+    return yaml.load((Path(lm_eval.__file__).parent / "tasks" / path).read_text(), Loader=Loader)
+
+
+def test_the_four_tasks_are_built_as_the_installed_harness_builds_them():
+    """`learntok eval`'s own readers against the harness's task definitions, so that a change on either side
+    shows: contexts, candidates and gold answers of records that exercise every rule (double spaces, WikiHow
+    brackets and [title], ctx_b's capital, digit labels, 3 to 5 choices, a newline in LAMBADA's last word)."""
+    import ast
+    import importlib.util
+
+    import lm_eval
+    from lm_eval.utils import apply_template
+
+    from learntok.eval.benchmarks import arc_item, hellaswag_item, lambada_item, piqa_item
+
+    def same(item, context: str, choices: list[str], gold: int) -> None:
+        assert (item.context, item.candidates, item.gold) == (context, [" " + c for c in choices], gold)
+
+    piqa = harness_task("piqa/piqa.yaml")
+    for r in ({"goal": "How do I  boil water?", "sol1": "Put it on a stove.", "sol2": " heat it \n", "label": 1},
+              {"goal": "é ünïcode {x}", "sol1": "a", "sol2": "b", "label": 0}):
+        choices = ast.literal_eval(apply_template(piqa["doc_to_choice"], r))
+        same(piqa_item(r), apply_template(piqa["doc_to_text"], r), choices, r["label"])
+    arc = harness_task("arc/arc_easy.yaml")
+    for r in ({"id": "q1", "question": "Which is a gas?", "answerKey": "B",
+               "choices": {"text": ["ice", "steam", "rock"], "label": ["A", "B", "C"]}},
+              {"id": "q2", "question": "Pick  one", "answerKey": "4",
+               "choices": {"text": ["x", "y", "z", "w", "v"], "label": ["1", "2", "3", "4", "5"]}}):
+        same(arc_item(r), apply_template(arc["doc_to_text"], r), r["choices"]["text"],
+             int(apply_template(arc["doc_to_target"], r)))
+    lambada = harness_task("lambada/lambada_openai.yaml")
+    for text in ("He said  hello to the dog", "a b\nc", "the end of it.", 'x "quoted"'):
+        item = lambada_item({"text": text})
+        assert (item.context, item.continuation) == (apply_template(lambada["doc_to_text"], {"text": text}),
+                                                     apply_template(lambada["doc_to_target"], {"text": text}))
+    datasets = pytest.importorskip("datasets")
+    assert harness_task("hellaswag/hellaswag.yaml")["process_docs"] == "utils.process_docs"
+    spec = importlib.util.spec_from_file_location("hellaswag_utils", Path(lm_eval.__file__).parent / "tasks"
+                                                  / "hellaswag" / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    raw = [{"ind": 0, "activity_label": "Roof shingle removal", "ctx_a": "A man is sitting on a roof.", "ctx_b": "he",
+            "ctx": "A man is sitting on a roof. he", "label": "3",
+            "endings": ["is using wrap.", "is ripping TILES off.", "holds [a] cube.", "starts pulling."]},
+           {"ind": 1, "activity_label": "Home and Garden", "ctx_b": "", "label": "0",
+            "ctx_a": "[header] How to clean a rug [title] Vacuum it. [step] Use a  vacuum.",
+            "ctx": "[header] How to clean a rug [title] Vacuum it. [step] Use a  vacuum.",
+            "endings": ["[substeps] Do it.", "[title] Dry it [step] Wait.", " Brush it. ", "Soak it [header] x"]},
+           {"ind": 2, "activity_label": "Sports", "ctx_a": "The TV shows a game.", "ctx_b": "the MAN in NYC runs",
+            "ctx": "The TV shows a game. the MAN in NYC runs", "label": "1", "endings": ["fast.", "slow.", "away.", "home."]}]
+    for r, doc in zip(raw, utils.process_docs(datasets.Dataset.from_list(raw))):
+        same(hellaswag_item(r), doc["query"], doc["choices"], int(doc["label"]))
