@@ -258,10 +258,12 @@ class Score:
 def score(model, text: str | bytes, *, seed: int = 0, samples: int = 1, context: int | None = None) -> Score:
     """Bits per byte of `text`: -log2 p(x_i | x_<i) summed over its bytes (each predicted from BOS and the
     bytes before it), divided by their number, exactly as `learntok eval` scores a held-out document
-    (`eval.scorer.UNetScorer`, boundaries sampled): `samples` boundary draws with seeds derived from
-    `seed` and the text, the bits averaged over them. A text longer than `context` bytes (default: the
-    training sequence length; the model never saw longer rows) is scored in windows of `context` bytes
-    that overlap by half, every byte predicted once with at least context/2 bytes before it."""
+    (`eval.scorer.UNetScorer`, boundaries sampled): `samples` boundary draws, draw k from a stream of random
+    numbers indexed by position that `seed` and k fix (the same for every text: a text's boundaries depend on
+    its bytes only), the bits averaged over them; a deterministic strategy draws once. A text longer than
+    `context` bytes (default: the training sequence length; the model never saw longer rows) is scored in
+    windows of `context` bytes that overlap by half, every byte predicted once, after the first window with at
+    least context/2 bytes before it."""
     (result,) = score_texts(model, [text], seed=seed, samples=samples, context=context)
     return result
 
@@ -285,5 +287,5 @@ def score_texts(model, texts: Sequence[str | bytes], *, seed: int = 0, samples: 
     for d, result in zip(data, results, strict=True):
         n = len(d)
         bits = [nll / LN2 for nll in result.sample_nll] or [result.nll_nats / LN2]
-        out.append(Score(n, sum(bits) / len(bits), [b / n for b in bits]) if n else Score(0, 0.0, [0.0] * samples))
+        out.append(Score(n, sum(bits) / len(bits), [b / n for b in bits]) if n else Score(0, 0.0, []))
     return out

@@ -342,7 +342,7 @@ def test_score_reads_a_bad_file_or_an_empty_document_as_the_user_means(model_dir
     # an empty document has no bpb and no part in the mean over documents
     assert main(["score", str(model_dir), "", "hello", "hello world", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert rows[0]["bpb"] is None and rows[-1]["documents"] == 3
+    assert rows[0]["bpb"] is None and rows[0]["bpb_samples"] == [] and rows[-1]["documents"] == 3
     assert rows[-1]["mean_document_bpb"] == pytest.approx((rows[1]["bpb"] + rows[2]["bpb"]) / 2)
     assert math.isnan(score(model, "").bpb)
     # no byte to score (an empty file, --limit 0): no bits per byte, not a perfect-looking 0.000

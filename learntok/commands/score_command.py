@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--field", default="text", help="the JSON field or Parquet column holding the text (default: text)")
     p.add_argument("--limit", type=int, default=None, help="at most this many documents per JSON-lines or Parquet file")
     p.add_argument("--samples", type=int, default=1,
-                   help="boundary draws to average over, seeded from --seed and the text (default 1; deterministic "
-                        "strategies need 1)")
+                   help="boundary draws to average over, each a stream of random numbers by position that --seed "
+                        "fixes, the same for every text (default 1; a deterministic strategy draws once)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="bytes per forward pass; longer documents are scored in windows overlapping by half, "
