@@ -64,8 +64,8 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
     """A ValueError for settings `sample_next` has no meaning for (it would draw greedily or fail mid-way)."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature}")
-    if top_k is not None and top_k < 0:
-        raise ValueError(f"top_k must be >= 1 (0 or None: no limit), got {top_k}")
+    if top_k is not None and not (top_k >= 0 and top_k == int(top_k)):
+        raise ValueError(f"top_k must be a whole number >= 1 (0 or None: no limit), got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must lie in (0, 1] (1 or None: no limit), got {top_p}")
 
@@ -117,7 +117,8 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
     `prompt` may be a list of prompts, generated as one batch (every row steps together, prompts of any
     lengths; see `CachedRows`): the result is then a list of `Generation`, and a row that drew EOS, or
     whose bytes end with one of the `stop` strings (kept in its `data`), stops while the others go on.
-    `seed` makes the bytes reproducible (None: a fresh one, returned in the result); the boundaries are
+    `seed` makes the bytes reproducible (None: a fresh one, returned in the result; the rows of a batch draw
+    from one generator, so a seed reproduces the batch, not each row generated alone); the boundaries are
     those `score(..., seed=boundary_seed)` draws for the same text (see the module docstring).
     `use_cache=False` (one prompt) recomputes a full forward pass per byte: over the prefix padded to
     the final length when `pad_uncached` (the same boundaries for every strategy, even those whose
@@ -140,7 +141,7 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
         return []
     if max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-    stops = [s for s in map(_encode, [stop] if isinstance(stop, (str, bytes)) else stop) if s]
+    stops = [s for s in map(_encode, [stop] if isinstance(stop, (str, bytes, bytearray)) else stop) if s]
     check_sampling(temperature, top_k, top_p)
     if threads is not None and threads < 0:
         raise ValueError(f"threads must be >= 0 (0 or None: torch's setting), got {threads}")

@@ -251,6 +251,10 @@ def test_stop_strings_end_a_row_which_keeps_them():
     assert (first.data, first.stop) == (b"ab, ", "stop")
     assert (second.data, second.stop) == (b"xyz", "eos")
     assert (third.data, third.stop) == (b"q,r, ", "stop")
+    model.head = ScriptedHead(b"hello world")  # a bytearray is one stop string, as a prompt may be one
+    assert generate(model, "p", max_bytes=20, seed=0, stop=bytearray(b"lo")).data == b"hello"
+    with pytest.raises(ValueError, match="top_k must be a whole number"):  # not a failure in torch.topk mid-way
+        generate(model, "p", max_bytes=2, top_k=2.5)
 
 
 class RowScriptedHead(torch.nn.Module):

@@ -296,6 +296,18 @@ def test_generate_command(model_dir, capsys):
     assert capsys.readouterr().out == "Hi\n"
 
 
+def test_generate_prints_a_character_that_the_prompt_begins_and_the_model_ends(model_dir, capsys, monkeypatch):
+    import learntok.generation
+
+    def drawn(model, prompt, *, on_bytes, **kw):  # "©" is c2 a9: the prompt typed its first byte
+        on_bytes(b"\xa9x")
+        return learntok.generation.Generation(prompt, b"\xa9x", "max_bytes", 0, [], [])
+
+    monkeypatch.setattr(learntok.generation, "generate", drawn)
+    assert main(["generate", str(model_dir), "--prompt", os.fsdecode(b"ab\xc2"), "--max-bytes", "2"]) == 0
+    assert capsys.readouterr().out == "ab\u00a9x\n"
+
+
 def test_output_piped_into_head_ends_quietly(model_dir, tmp_path):
     """`learntok segment ... | head -n 1`: once the reader has gone, the command stops without a traceback.
     The text is long enough that its output cannot all fit in the pipe before the reader closes it."""

@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     shown = []  # the prompt is written with the first byte drawn, so that a model that cannot generate prints nothing
 
     def emit(b: bytes) -> None:
-        if not shown:
-            shown.append(out.write(prompt.decode("utf-8", errors="replace")))
+        if not shown:  # through the same decoder: a prompt may end inside a character the model completes
+            shown.append(out.write(decoder.decode(prompt)))
         out.write(decoder.decode(b))
         out.flush()
 
