@@ -381,11 +381,11 @@ class ByteUNet(nn.Module):
 
     def matrix_params(self) -> dict[str, int]:
         """Matrix parameters per level (paper §4.2: embeddings excluded, norms negligible): `byte` and
-        `token`, and `byte_per_draw`, the part of `byte` that runs once per boundary draw (decoder, head)."""
-        per_draw = self.decoder.n_matrix_params() + self.head.proj.weight.numel()
+        `token`, and `byte_per_draw`, the part of `byte` that runs once per boundary draw (the strategy, which
+        `forward` runs on the draws' rows, the decoder and the head)."""
+        per_draw = self.boundaries.n_matrix_params() + self.decoder.n_matrix_params() + self.head.proj.weight.numel()
         probe = self.word_start_probe.weight.numel() if self.probing else 0
-        byte_level = (self.encoder.n_matrix_params() + self.boundaries.n_matrix_params()
-                      + self.early_head.proj.weight.numel() + probe + per_draw)
+        byte_level = self.encoder.n_matrix_params() + self.early_head.proj.weight.numel() + probe + per_draw
         return {"byte": byte_level, "token": self.mid.n_matrix_params(), "byte_per_draw": per_draw}
 
     def flops(self, n_bytes: int, n_tokens: int, draws: int = 1) -> int:
@@ -397,10 +397,11 @@ class ByteUNet(nn.Module):
 
     def baseline_draw_flops(self, n_bytes: int, n_tokens: int) -> int:
         """FLOPs of a forward-only boundary draw over `n_bytes` bytes whose encoder output exists, making
-        `n_tokens` tokens: 2 per matrix parameter of the strategy, decoder and head per byte, and of the
-        token level per token."""
+        `n_tokens` tokens: 2 per matrix parameter of the strategy, decoder, head and early-exit head (which
+        `forward` runs again) per byte, and of the token level per token."""
         p = self.matrix_params()
-        return 2 * ((p["byte_per_draw"] + self.boundaries.n_matrix_params()) * n_bytes + p["token"] * n_tokens)
+        per_byte = p["byte_per_draw"] + self.early_head.proj.weight.numel()
+        return 2 * (per_byte * n_bytes + p["token"] * n_tokens)
 
 
 def target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

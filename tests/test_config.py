@@ -278,9 +278,9 @@ def n_params(name: str) -> tuple[int, dict]:
 def analytic_matrix_params(d: int, down: int, mid: int, up: int, lags: int = 8) -> dict:
     """Per byte-level block 4d^2 (attention) + 3d^2 (GeGLU, hidden d); per token-level block 4d^2 + 12d^2
     (hidden 4d); plus the two heads (259 x d) and the policy (d x (1 + lags)). Per boundary draw: the
-    decoder's blocks and the final head."""
+    policy, the decoder's blocks and the final head."""
     return {"byte": (down + up) * 7 * d * d + 2 * 259 * d + d * (1 + lags), "token": mid * 16 * d * d,
-            "byte_per_draw": up * 7 * d * d + 259 * d}
+            "byte_per_draw": d * (1 + lags) + up * 7 * d * d + 259 * d}
 
 
 @pytest.mark.parametrize("name, d, mid, low, high", [

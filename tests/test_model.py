@@ -23,9 +23,9 @@ def test_cpu_default_size_and_flops_accounting():
     heads = 2 * 259 * d
     assert p["byte"] == 4 * (4 * d * d + 3 * d * d) + heads + d * (1 + model.boundaries.options.lags)
     assert model.flops(10, 2) == 6 * (p["byte"] * 10 + p["token"] * 2)
-    # K draws per byte: the decoder and final head K times, encoder, policy and early-exit head once;
-    # n_tokens already counts every draw's tokens
-    assert p["byte_per_draw"] == 2 * (4 * d * d + 3 * d * d) + heads // 2
+    # K draws per byte: the policy, decoder and final head K times (they run on the draws' rows), encoder and
+    # early-exit head once; n_tokens already counts every draw's tokens
+    assert p["byte_per_draw"] == d * (1 + model.boundaries.options.lags) + 2 * (4 * d * d + 3 * d * d) + heads // 2
     once = p["byte"] - p["byte_per_draw"]
     assert model.flops(10, 8, draws=4) == 6 * (once * 10 + p["byte_per_draw"] * 40 + p["token"] * 8)
 
