@@ -268,6 +268,7 @@ class BoundaryReport:
                "whitespace_recall": self.whitespace.recall, "whitespace_share": self.whitespace.whitespace_share,
                "word_precision": self.words.precision, "word_recall": self.words.recall, "word_f1": self.words.f1,
                "word_start_precision": self.word_starts.precision, "word_start_recall": self.word_starts.recall,
+               "word_start_f1": self.word_starts.f1,
                "mean_token_bytes": self.lengths.mean, "enrichment_B": self.enrichment.B}
         if self.bpe is not None:
             out.update(bpe_precision=self.bpe.precision, bpe_recall=self.bpe.recall, bpe_f1=self.bpe.f1)

@@ -186,7 +186,7 @@ def test_analyse_whitespace_model_agrees_with_word_boundaries():
     report = analyse(model, [batch], bpe_reference=[word_boundaries(batch.inputs)])
     s = report.summary()
     assert s["word_f1"] == 1.0 and s["bpe_f1"] == 1.0  # its rule is the word-boundary reference
-    assert s["word_start_precision"] == 0.0  # one byte after its boundaries: never on them
+    assert s["word_start_precision"] == 0.0 == s["word_start_f1"]  # one byte after its boundaries: never on them
     assert s["whitespace_precision"] > 0.75  # the rest are on punctuation
     assert 0.1 < s["rate"] < 0.3 and s["mean_token_bytes"] > 3
     assert report.surprisal_source == "early" and report.enrichment.positions > 0

@@ -10,6 +10,11 @@ boundary it must guess the word's first byte from the token before. On the prose
 it is ahead of both whitespace and uniform boundaries; on Python code it is level with whitespace
 (docs/results/credit_assignment/, section 14).
 
+The rule is SpaceByte's byte classes, made for English text: a UTF-8 leading byte is space-like and a
+continuation byte is not, so the second byte of a multi-byte character counts as a word's first byte
+("naïve" -> "n" | "aï" | "ve", a boundary on the second byte of "ï"; in Cyrillic or CJK text, on every
+character's second byte).
+
 Causal by construction: a_t reads x_{t-1} and x_t only. No parameters, no loss, no rate control. A row
 that opens mid-word (packed data) gets a boundary at its first byte if that is a letter or digit, as
 after a space: the rule sees BOS before it. Generation: the previous byte is the cache.
