@@ -113,6 +113,10 @@ class Trainer:
                              "use model.attention=blocked")
         if t.precision == "bf16" and self.device.type == "cpu":
             warnings.warn("train.precision=bf16 on a CPU: bf16 autocast is about 10x slower there than fp32", stacklevel=2)
+        if t.warmup_bytes >= t.training_bytes and self.dist.rank == 0 and not resume:  # a short try, or a small budget
+            print(f"note: the warm-up (train.warmup_bytes={t.warmup_bytes:g}) outlasts the run (train.training_bytes="
+                  f"{t.training_bytes:g}): the learning rate ends at {lr_at(t.training_bytes, t) / t.lr:.0%} of its "
+                  f"peak and never decays")
         # the same initialisation on every rank (same seed); FSDP then keeps each rank's shards
         self.model = parallelize(build_model(cfg).to(self.device), cfg, self.dist)
         # fused: one kernel per step, and `found_inf` lets it skip a non-finite step without a host sync
