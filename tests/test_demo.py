@@ -29,11 +29,11 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     run_dir = tmp_path / "demo"
     code = main(["demo", "--run-dir", str(run_dir), "--no-progress", *TINY])
     assert code == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "stopped at the" not in out
     # TINY trains 4,000 bytes, inside the default warm-up: said, since the rate never reaches its peak
     assert "note: the warm-up (train.warmup_bytes=200000) outlasts the run (train.training_bytes=4000): " \
-           "the learning rate ends at 2% of its peak and never decays" in out
+           "the learning rate ends at 2% of its peak and never decays" in err
     for needle in ("held-out bits-per-byte", "realised boundary rate", "precision", "recall", "learned tokens"):
         assert needle in out
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]

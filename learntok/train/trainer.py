@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -116,7 +117,7 @@ class Trainer:
         if t.warmup_bytes >= t.training_bytes and self.dist.rank == 0 and not resume:  # a short try, or a small budget
             print(f"note: the warm-up (train.warmup_bytes={t.warmup_bytes:g}) outlasts the run (train.training_bytes="
                   f"{t.training_bytes:g}): the learning rate ends at {lr_at(t.training_bytes, t) / t.lr:.0%} of its "
-                  f"peak and never decays")
+                  f"peak and never decays", file=sys.stderr)
         # the same initialisation on every rank (same seed); FSDP then keeps each rank's shards
         self.model = parallelize(build_model(cfg).to(self.device), cfg, self.dist)
         # fused: one kernel per step, and `found_inf` lets it skip a non-finite step without a host sync
