@@ -90,9 +90,9 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
               error a verdict uses; None with one seed on either side;
     left_out  train seeds that only one side finished (a run that failed): where the sides share others,
               the comparison is of the shared seeds alone, since a mean over other seeds would hold their luck."""
-    seeds = [{r.train_seed for r in runs} for runs in (a, b)]
-    shared = seeds[0] & seeds[1] - {None}
-    left_out = sorted((seeds[0] | seeds[1]) - shared - {None}) if shared else []
+    seeds = [{r.train_seed for r in runs} - {None} for runs in (a, b)]
+    shared = seeds[0] & seeds[1]
+    left_out = sorted(seeds[0] ^ seeds[1]) if shared else []
     if left_out:
         a, b = ([r for r in runs if r.train_seed in shared] for runs in (a, b))
     diff = statistics.fmean(r.bpb for r in a) - statistics.fmean(r.bpb for r in b)
