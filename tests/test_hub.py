@@ -1,6 +1,7 @@
 """The Hugging Face-style model directory: round trips, training runs, and every way loading fails."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -223,7 +224,10 @@ def test_hub_repo_ids(monkeypatch, saved):
     assert "\n" not in str(info.value)  # one line: the first of huggingface_hub's message
 
 
-def test_push_to_hub(monkeypatch):
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """huggingface_hub's HfApi replaced by one that records what it was asked: `.record`, and `.api`, the class
+    (to derive failing ones from), `.hub`, the module."""
     hub = pytest.importorskip("huggingface_hub")
     record = {}
 
@@ -240,15 +244,20 @@ def test_push_to_hub(monkeypatch):
             return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
 
     monkeypatch.setattr(hub, "HfApi", FakeApi)
+    return SimpleNamespace(record=record, api=FakeApi, hub=hub)
+
+
+UPLOADED = ["README.md", "config.json", "learntok_hf.py", "model.safetensors", "tokenizer_config.json"]
+
+
+def test_push_to_hub(fake_hub):
     model, _ = make_model()
     url = push_to_hub(model, "me/tiny", private=True, token="t")
     assert url.endswith("me/tiny/commit/abc")
-    assert record == {"token": "t", "repo": ("me/tiny", True, True),
-                      "files": ["README.md", "config.json", "learntok_hf.py", "model.safetensors",
-                                "tokenizer_config.json"]}
+    assert fake_hub.record == {"token": "t", "repo": ("me/tiny", True, True), "files": UPLOADED}
 
 
-def test_export_command_writes_a_model_directory_and_pushes_it(tmp_path, monkeypatch, capsys):
+def test_export_command_writes_a_model_directory_and_pushes_it(tmp_path, monkeypatch, capsys, fake_hub):
     """`learntok export RUN DIR`: the run's model as `save_pretrained` writes it (its training facts kept),
     in bfloat16 when asked; `--push` uploads the same files; a directory of other files is refused."""
     from learntok.cli import main
@@ -266,33 +275,16 @@ def test_export_command_writes_a_model_directory_and_pushes_it(tmp_path, monkeyp
     half = logits(from_pretrained(tmp_path / "out")).float()
     assert not torch.equal(half, logits(model)) and torch.allclose(half, logits(model), atol=0.1)
 
-    hub = pytest.importorskip("huggingface_hub")
-    pushed = {}
-
-    class FakeApi:
-        def __init__(self, token=None):
-            pass
-
-        def create_repo(self, repo_id, **kw):
-            pushed["repo"] = (repo_id, kw.get("private"))
-
-        def upload_folder(self, repo_id, folder_path, **kw):
-            from pathlib import Path
-            pushed["files"] = sorted(p.name for p in Path(folder_path).iterdir())
-            return type("Commit", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
-
-    monkeypatch.setattr(hub, "HfApi", FakeApi)
     capsys.readouterr()
     assert main(["export", str(run), "--push", "me/tiny", "--private"]) == 0
-    assert pushed == {"repo": ("me/tiny", True), "files": ["README.md", "config.json", "learntok_hf.py",
-                                                           "model.safetensors", "tokenizer_config.json"]}
+    assert fake_hub.record == {"token": None, "repo": ("me/tiny", True, True), "files": UPLOADED}
     assert "me/tiny/commit/abc" in capsys.readouterr().out
 
-    class NoAccess(FakeApi):
+    class NoAccess(fake_hub.api):
         def create_repo(self, repo_id, **kw):
             raise RuntimeError("401 Client Error: Unauthorized\nInvalid credentials in Authorization header")
 
-    monkeypatch.setattr(hub, "HfApi", NoAccess)
+    monkeypatch.setattr(fake_hub.hub, "HfApi", NoAccess)
     assert main(["export", str(run), "--push", "me/tiny"]) == 1
     assert "uploading to me/tiny failed: 401 Client Error: Unauthorized\n" in capsys.readouterr().err
 
