@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import select
 import sys
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = _command(args.command)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # a terminal or pipe whose encoding cannot show a character (LANG=C, PYTHONIOENCODING=ascii) gets its
+        # escape, \xe9, rather than a UnicodeEncodeError midway through the output
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         return int(module.run(args) or 0)
     except BrokenPipeError:

@@ -48,7 +48,13 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator | None, *, temp
     if temperature <= 0:
         return scores.argmax(dim=-1)
     if temperature != 1.0:
-        scores = scores / temperature
+        scaled = scores / temperature
+        # A temperature so low that a row's scores overflow to +-inf would make softmax NaN: that row is
+        # scaled from its maximum instead, which is the same distribution computed without overflow.
+        overflowed = ~scaled.amax(dim=-1, keepdim=True).isfinite()
+        if overflowed.any():
+            scaled = torch.where(overflowed, (scores - scores.amax(dim=-1, keepdim=True)) / temperature, scaled)
+        scores = scaled
     if top_k:
         kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]  # (B, 1)
         scores = scores.masked_fill(scores < kth, -math.inf)

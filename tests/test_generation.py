@@ -201,6 +201,23 @@ def test_sampling_rules():
     assert torch.equal(sample_next(logits, g(), temperature=0.7, top_p=0.9), sample_next(logits, g(), temperature=0.7, top_p=0.9))
 
 
+def test_a_tiny_temperature_draws_the_most_likely_byte():
+    """Divided by 1e-40 every score overflows to +-inf, and softmax of those is NaN: the draw is the limit,
+    the most likely byte, in rows of positive and of negative scores alike."""
+    logits = torch.randn(3, 259, generator=torch.Generator().manual_seed(2))
+    logits[1] -= 50.0  # every score negative: divided, all are -inf
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1.0  # a tie: either byte may be drawn
+    best = logits.masked_fill(torch.isin(torch.arange(259), torch.tensor([BOS, PAD])), -math.inf).argmax(-1)
+    for seed in range(20):
+        drawn = sample_next(logits, torch.Generator().manual_seed(seed), temperature=1e-40)
+        assert drawn[:2].tolist() == best[:2].tolist() and int(drawn[2]) in (7, 9)
+    # an ordinary temperature is untouched: the draws are those of the plain division
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    plain = torch.multinomial(torch.softmax(logits.masked_fill(torch.isin(torch.arange(259), torch.tensor([BOS, PAD])),
+                                                               -math.inf) / 0.7, -1), 1, generator=g())[:, 0]
+    assert torch.equal(sample_next(logits, g(), temperature=0.7), plain)
+
+
 def test_top_p_keeps_the_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05] + [0.0] * 255])
     logits = probs.clamp_min(1e-30).log()

@@ -296,6 +296,20 @@ def test_generate_command(model_dir, capsys):
     assert capsys.readouterr().out == "Hi\n"
 
 
+def test_output_to_an_ascii_terminal_escapes_what_it_cannot_show(model_dir, monkeypatch):
+    """With LANG=C or PYTHONIOENCODING=ascii the commands print a character's escape, not a traceback."""
+    import io
+    import sys
+    for argv in (["generate", str(model_dir), "--prompt", "caf\u00e9 \u2014", "--max-bytes", "0"],
+                 ["segment", str(model_dir), "na\u00efve"]):
+        raw = io.BytesIO()
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii"))
+        assert main(argv) == 0
+        sys.stdout.flush()
+        shown = raw.getvalue().decode("ascii")
+        assert ("caf\\xe9 \\u2014" if argv[0] == "generate" else "\\xef") in shown
+
+
 def test_generate_prints_a_character_that_the_prompt_begins_and_the_model_ends(model_dir, capsys, monkeypatch):
     import learntok.generation
 
