@@ -138,7 +138,7 @@ def test_track_files_are_checked(tmp_path):
 
 
 def test_heldout_boundaries_follow_the_documents_read_heldout_reads(tmp_path):
-    from learntok.eval.heldout import heldout_boundaries, read_heldout
+    from learntok.eval.heldout import heldout_boundaries, read_calibration, read_heldout
 
     out = tmp_path / "ds"
     val = [(b"abcdef", [1, 4]), (b"ghij", [0, 3]), (b"klmnop", [2, 5])]
@@ -152,6 +152,12 @@ def test_heldout_boundaries_follow_the_documents_read_heldout_reads(tmp_path):
     # the third document cut to 2 bytes
     docs, _ = read_heldout(out, max_bytes=12)
     assert docs == [b"abcdef", b"ghij", b"kl"]
+    # quantile mode's threshold is calibrated on the training split, not on the held-out text it scores
+    assert read_heldout(out, split="train") == ([b"train text"], f"{out} (train split)")
+    assert read_calibration(None, str(out)) == ([b"train text"], f"{out} (train split)")
+    assert read_calibration(out, str(out))[0] == [b"abcdef", b"ghij", b"klmnop"]  # text given: that text
+    with pytest.raises(ValueError, match="training data is not here"):
+        read_calibration(None, None)
     bits = heldout_boundaries(out, "file", docs)
     assert [np.flatnonzero(b).tolist() for b in bits] == [[1, 4], [0, 3], []]
     assert [len(b) for b in bits] == [6, 4, 2]

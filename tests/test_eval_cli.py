@@ -196,6 +196,16 @@ def test_quantile_mode(capsys, run_dir, text_file):
     assert "tau" in data["rows"][0]["results"]["heldout"]["extra"]
 
 
+def test_quantile_mode_calibrates_on_the_runs_training_text(capsys, run_dir, text_file):
+    """Without --calibration-data the threshold is set on the training split of the run's data (the demo
+    corpus here), not on the held-out text it scores."""
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--data", text_file, "--boundaries", "quantile",
+                             "--json", "--no-progress")
+    assert code == 0, err
+    assert "of demo corpus training stream" in err
+    assert json.loads(out)["meta"]["checkpoints"]["tiny"]["calibration"]["source"] == "demo corpus training stream"
+
+
 def test_errors(capsys, run_dir, tmp_path):
     code, _, err = run_cli(capsys, "--checkpoint", tmp_path / "missing", "--data", "x")
     assert code == 2 and "missing" in err

@@ -150,7 +150,8 @@ def test_a_saved_directory_scores_as_its_run_with_the_stock_models_pairs(setup, 
     requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
     (moved, _), (plain, _) = lm.loglikelihood(requests, disable_tqdm=True)
     (expected,) = UNetScorer.from_run(run).score([(b"The cat sat on the", b" mat")])
-    assert moved == plain and math.isclose(plain, -expected.nll_nats, rel_tol=1e-6)
+    # the same bytes, scored as two rows of one batch: equal up to the CPU's matmul rounding, which may differ by row
+    assert math.isclose(moved, plain, rel_tol=1e-6) and math.isclose(plain, -expected.nll_nats, rel_tol=1e-6)
 
 
 @pytest.mark.slow

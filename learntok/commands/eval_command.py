@@ -55,8 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples", type=int, default=1, help="K draws per item in sampled mode, averaged (default 1)")
     g.add_argument("--seed", type=int, default=0, help="seed of the boundary draws (default 0)")
     g.add_argument("--calibration-data", metavar="SOURCE",
-                   help="quantile mode: text to calibrate the threshold on (default: the run's held-out data, "
-                        "else --data)")
+                   help="quantile mode: text to calibrate the threshold on (default: the training split of "
+                        "the data the run trained on, never the held-out text it scores)")
     g = p.add_argument_group("compute")
     g.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
     g.add_argument("--max-len", type=int, help="bytes per row (default: the run's train.seq_len); longer items "
@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..eval.benchmarks import TASKS, BenchmarkUnavailableError, evaluate_task
-    from ..eval.heldout import evaluate_heldout, heldout_boundaries, read_heldout, run_heldout_source
+    from ..eval.heldout import (evaluate_heldout, heldout_boundaries, read_calibration, read_heldout,
+                                 run_heldout_source)
     from ..eval.report import COLUMNS, render_json, render_markdown, write_report
     from ..eval.scorer import UNetScorer
     from ..train.checkpoint import CheckpointError
@@ -174,13 +175,10 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(f"{ckpt}: the {scorer.strategy!r} strategy takes its boundaries from the data: "
                                    f"{e}") from None
         if scorer.needs_calibration:
-            source = args.calibration_data or own_heldout or args.data
-            if source is None:
-                raise CommandError("quantile mode needs text to calibrate on: give --calibration-data")
             try:
-                docs, what = read_heldout(source, field=args.field, max_bytes=1 << 16)
+                docs, what = read_calibration(args.calibration_data, own_heldout, field=args.field)
             except ValueError as e:
-                raise CommandError(f"calibration text: {e}") from None
+                raise CommandError(f"calibration text: {e} (--calibration-data)") from None
             scorer.calibrate(docs, source=what)
             _say(f"{name}: threshold tau = {scorer.tau:.4f} gives rate {scorer.calibration['realised_rate']:.3f} "
                  f"on {scorer.calibration['bytes']:,} bytes of {what}")

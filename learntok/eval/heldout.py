@@ -34,25 +34,28 @@ import numpy as np
 from .benchmarks import LN2, ScorerLike, TaskResult, mean_and_se, ratio_and_se, score_pairs
 from .scorer import split_windows, window_spans
 
-__all__ = ["evaluate_heldout", "heldout_boundaries", "read_heldout", "run_heldout_source"]
+__all__ = ["evaluate_heldout", "heldout_boundaries", "read_calibration", "read_heldout", "run_heldout_source"]
 
 
 def read_heldout(source: str | Path, *, field: str = "text", limit: int | None = None,
-                 max_bytes: int | None = None) -> tuple[list[bytes], str]:
+                 max_bytes: int | None = None, split: str = "val") -> tuple[list[bytes], str]:
     """Documents of a held-out source (see the module docstring) and a one-line description. Empty
     documents are dropped; ``limit`` keeps the first documents, ``max_bytes`` cuts the total (the
-    last document kept is truncated)."""
+    last document kept is truncated). ``split="train"`` reads the demo corpus's or a prepared
+    directory's training text instead; other sources are one text, whatever the split."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     if str(source) == "demo":
         from ..data.demo import build_demo_corpus
 
-        docs = [build_demo_corpus().val]
-        what = "demo corpus held-out stream"
+        docs = [getattr(build_demo_corpus(), split)]
+        what = "demo corpus held-out stream" if split == "val" else "demo corpus training stream"
     elif _is_prepared(source):
         from ..data.shards import open_split
 
-        split = open_split(source, "val")  # documents are stored non-empty
-        docs = (bytes(split.doc(i)) for i in range(len(split)))
-        what = f"{source} (val split)"
+        stored = open_split(source, split)  # documents are stored non-empty
+        docs = (bytes(stored.doc(i)) for i in range(len(stored)))
+        what = f"{source} ({split} split)"
     else:
         from ..data.readers import iter_documents
 
@@ -71,6 +74,19 @@ def read_heldout(source: str | Path, *, field: str = "text", limit: int | None =
     if not out:
         raise ValueError(f"{what}: no non-empty document")
     return out, what
+
+
+def read_calibration(source: str | Path | None, run_source: str | None, *, field: str = "text",
+                     max_bytes: int = 1 << 16) -> tuple[list[bytes], str]:
+    """The text quantile mode calibrates its threshold on: `source` when one is given, else the training
+    split of the data the run trained on (`run_source`, from :func:`run_heldout_source`), so that the
+    threshold is not set on the held-out text it then scores. A ValueError when there is neither."""
+    if source is not None:
+        return read_heldout(source, field=field, max_bytes=max_bytes)
+    if run_source is None:
+        raise ValueError("quantile mode needs text to calibrate on, and the run's training data is not here: "
+                         "give the calibration text")
+    return read_heldout(run_source, max_bytes=max_bytes, split="train")
 
 
 def heldout_boundaries(source: str | Path, track: str, docs: list[bytes]) -> list[np.ndarray]:

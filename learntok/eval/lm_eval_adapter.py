@@ -26,8 +26,8 @@ model first. ``--model_args`` (comma-separated ``key=value``):
 * ``pretrained`` (required): a run directory, a ``step_*`` checkpoint, a ``save_pretrained`` directory or
   a Hub repo (``owner/name``);
 * ``boundaries``: ``sampled`` (default), ``threshold`` or ``quantile``; ``samples`` (K, default 1);
-  ``seed`` (default 0); ``calibration``: text source for ``quantile`` (default: the run's own
-  held-out data); see :mod:`learntok.eval.scorer`;
+  ``seed`` (default 0); ``calibration``: text source for ``quantile`` (default: the training
+  split of the data the run trained on); see :mod:`learntok.eval.scorer`;
 * ``max_len`` (default: the run's ``train.seq_len``), ``overlap`` (default ``max_len // 2``);
 * ``compile``: ``true`` compiles the model's layers first, as ``learntok eval --compile``.
 
@@ -117,12 +117,12 @@ class LearntokLM(LM):
                                           compile=_flag("compile", compile))
         self._device = self.scorer.device
         if self.scorer.needs_calibration:
-            from .heldout import read_heldout, run_heldout_source
+            from .heldout import read_calibration, run_heldout_source
 
-            source = calibration or run_heldout_source(self.scorer.run_config)
-            if source is None:
-                raise ValueError("learntok: boundaries=quantile needs calibration=<text source>")
-            docs, what = read_heldout(source, max_bytes=1 << 16)
+            try:
+                docs, what = read_calibration(calibration, run_heldout_source(self.scorer.run_config))
+            except ValueError as e:
+                raise ValueError(f"learntok: {e} (calibration=<text source>)") from None
             self.scorer.calibrate(docs, source=what)
         self.pretrained = pretrained
 

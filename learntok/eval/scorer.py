@@ -24,9 +24,9 @@ what it is batched with (tested to float tolerance).
   next), as the paper's wording allows. DESIGN.md §8: a policy trained towards a rate of 0.2 puts
   every probability below 0.5, so this draws almost no boundaries and is reported only for
   completeness.
-* ``quantile``: ``a_i = [l_i > tau]`` with one global logit threshold ``tau`` calibrated on held-out
-  text (:meth:`UNetScorer.calibrate`) so that the realised rate of the policy's decisions equals its
-  target rate. Deterministic and causal. (A per-sequence top-k at the target rate would hit the rate
+* ``quantile``: ``a_i = [l_i > tau]`` with one global logit threshold ``tau`` calibrated on text
+  (:meth:`UNetScorer.calibrate`; `learntok eval` uses the run's training split, not the text it
+  scores) so that the realised rate of the policy's decisions equals its target rate. Deterministic and causal. (A per-sequence top-k at the target rate would hit the rate
   exactly but looks at the whole row, i.e. at later bytes: not causal, so not offered.)
 
 All three modes are the same mechanism: the learned policy compares its logit with
