@@ -91,9 +91,23 @@ def _worker(rank: int, world: int, port: int, parallel: str, run_dir: str, steps
         if parallel == "fsdp":  # sharded, not run in one piece
             assert all(isinstance(p, DTensor) for p in trainer.model.parameters())
         trainer.train()
+        assert_replicated(trainer.model, parallel)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def assert_replicated(model, parallel: str) -> None:
+    """Every buffer (a strategy's running state: the entropy threshold) is the same on every rank, and with
+    ddp every parameter too (fsdp shards them)."""
+    tensors = list(model.named_buffers())
+    if parallel == "ddp":
+        tensors += list(model.named_parameters())
+    for name, t in tensors:
+        mine = t.detach().double().reshape(-1)
+        first = mine.clone()
+        dist.broadcast(first, 0)
+        assert torch.equal(mine, first), f"rank {dist.get_rank()}: {name} differs from rank 0's"
 
 
 def free_port() -> int:
@@ -302,6 +316,18 @@ def test_ddp_with_boundary_groups_matches_one_process(tmp_path):
     groups = dict(boundaries_group_size=2, boundaries_learned={"batch_centering": "group_loo"})
     single = run_single(tmp_path / "single", steps=4, **groups)
     assert_same_metrics(run_ranks(2, "ddp", tmp_path / "run", steps=4, micro_batches=2, **groups), single)
+
+
+@pytest.mark.slow
+def test_entropy_threshold_is_calibrated_alike_on_every_rank(tmp_path):
+    """The entropy strategy's threshold is running state updated from each micro-batch's entropies: on 2 ranks
+    x 2 micro-batches it is updated from the ranks' pooled statistics, the same on both (`assert_replicated`
+    in the worker), and a checkpoint of rank 0's state resumes the 2-rank run exactly."""
+    train = dict(boundaries_name="entropy", micro_batches=2, eval_every=0, checkpoint_every=2)
+    whole = run_ranks(2, "ddp", tmp_path / "whole", steps=4, **train)
+    run_ranks(2, "ddp", tmp_path / "resumed", steps=2, **train)
+    assert_same_metrics(run_ranks(2, "ddp", tmp_path / "resumed", steps=4, resume=True, **train), whole)
+    assert all("entropy_threshold" in r for r in whole if "loss" in r)
 
 
 @pytest.mark.slow

@@ -232,9 +232,11 @@ class BoundaryStrategy(nn.Module):
         them at `group_until_bytes`)."""
         return self.cfg.group_size
 
-    def update(self, bnd: Boundaries, inp: LossInputs) -> None:
+    def update(self, bnd: Boundaries, inp: LossInputs, reduce=None) -> None:
         """Update running state from a training forward pass (the entropy strategy's calibrated threshold),
-        once per micro-batch, after its losses and before its metrics; never in evaluation. Default: none."""
+        once per micro-batch, after its losses and before its metrics; never in evaluation. With several
+        ranks `reduce` sums a dict of tensors over them (one collective: every rank calls it alike), so that
+        the state stays the same on every rank; None in one process. Default: none."""
 
     def metrics(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
         """Extra metrics of a training step (detached scalars), computed every step; a metrics.jsonl line holds

@@ -205,10 +205,13 @@ class EntropyPatching(BoundaryStrategy):
         return BoundaryStep(a=a, probs=a.float())
 
     @torch.no_grad()
-    def calibrate(self, score: torch.Tensor, decide: torch.Tensor, n_forced: torch.Tensor, n_real: torch.Tensor) -> None:
+    def calibrate(self, score: torch.Tensor, decide: torch.Tensor, n_forced: torch.Tensor, n_real: torch.Tensor,
+                  reduce=None) -> None:
         """Update the forecast theta with this batch's quantile that yields `target_rate` boundaries.
         On the device throughout (no host read): the quantile is torch.quantile's (linear interpolation)
-        taken from the sorted scores at a position computed on the device."""
+        taken from the sorted scores at a position computed on the device. With several ranks (`reduce`
+        sums a dict of tensors over them) the update uses the ranks' quantiles averaged, weighted by their
+        decided positions, and their pooled counts, so that every rank keeps the same threshold."""
         values, mask = score.float().flatten(), decide.flatten()
         n = mask.sum()
         rate = ((self.cfg.target_rate * n_real - n_forced) / n.clamp(min=1)).clamp(0.0, 1.0)
@@ -218,8 +221,15 @@ class EntropyPatching(BoundaryStrategy):
         hi = torch.minimum(lo + 1, (n - 1).clamp(min=0))
         below, above = ranked.index_select(0, lo.view(1))[0], ranked.index_select(0, hi.view(1))[0]
         q = below + (pos - lo) * (above - below)
+        hits = ((values > self.threshold) & mask).sum()  # decisions the threshold in use would have made
+        if reduce is not None:
+            total = reduce({"q": q * n, "hits": hits, "n": n, "forced": n_forced, "real": n_real})
+            n = total["n"]
+            q = total["q"] / n.clamp(min=1)
+            hits = total["hits"]
+            rate = ((self.cfg.target_rate * total["real"] - total["forced"]) / n.clamp(min=1)).clamp(0.0, 1.0)
         # would the threshold these decisions used have hit the rate on this batch (within 50%)?
-        check = ((values > self.threshold) & mask).sum() / n.clamp(min=1)
+        check = hits / n.clamp(min=1)
         m = self.options.momentum
         first = self.calibrations == 0  # the first update sets level = q, trend = 0
         level = torch.where(first, q, m * q + (1 - m) * (self.level + self.trend))
@@ -231,8 +241,8 @@ class EntropyPatching(BoundaryStrategy):
         self.threshold.copy_(torch.where(update, self.level + self.trend, self.threshold))
         self.calibrations.add_(update.long())
 
-    def update(self, bnd: Boundaries, inp: LossInputs) -> None:
-        self.calibrate(bnd.score, inp.decided, (inp.forced & inp.real).sum(), inp.real.sum())
+    def update(self, bnd: Boundaries, inp: LossInputs, reduce=None) -> None:
+        self.calibrate(bnd.score, inp.decided, (inp.forced & inp.real).sum(), inp.real.sum(), reduce)
 
     def losses(self, bnd: Boundaries, inp: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         if self.own is None:

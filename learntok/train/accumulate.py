@@ -30,7 +30,9 @@ and their gradients to its gradient; the chain rule through X is applied to the 
 Boundaries are sampled from uniforms drawn for the whole batch before it is split, so micro-batch m
 draws exactly what its rows draw in one pass. Only the order of floating-point additions differs. One
 exception: the `hnet` strategy's ratio loss is computed per micro-batch, as H-Net computes it per device, so
-its gradient depends on the split (with 4 micro-batches of the tiny test config, by 9% in its own weights).
+its gradient depends on the split (with 4 micro-batches of the tiny test config, by 9% in its own weights);
+and the `entropy` strategy updates its threshold once per micro-batch (`BoundaryStrategy.update`), so the
+next micro-batch's boundaries follow it.
 With several boundary draws per sequence (`boundaries.group_size` K) the batch is split by sequences,
 so the K draws of a sequence (rows b * K .. b * K + K - 1 of the uniforms) stay in one micro-batch.
 Metrics are computed on the whole batch as well (the strategy's on the concatenated micro-batches).
@@ -40,7 +42,7 @@ the whole batch like `uniforms`; its FLOPs are returned as the metric "baseline_
 
 Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
 global counts (rows, valid bytes, real bytes), as the denominators, and `reduce`, which sums the
-strategy's batch statistics over ranks before phase 2. Each rank's loss is then its part of the global
+strategy's batch statistics over ranks before phase 2 (and its running state's statistics in `update`). Each rank's loss is then its part of the global
 loss, the gradients add up over ranks (SUM), and the returned metrics are this rank's parts of the global
 batch's (summed over ranks they give them; the strategy's own metrics are weighted by rows).
 """
@@ -131,7 +133,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
                 local = local + share * w * v
                 aux_values[k] = aux_values.get(k, 0.0) + share * v.detach()
         if model.training:
-            strategy.update(out.boundaries, loss_inputs)
+            strategy.update(out.boundaries, loss_inputs, reduce)
         for k, v in mb_stats.items():
             stats[k] = stats[k] + v.detach() if k in stats else v.detach()
         # frees the downstream graph; the strategy's loss graph branches off h separately and survives
