@@ -57,6 +57,18 @@ def generating_model(name, extra):
     return model
 
 
+@pytest.mark.parametrize("name,extra", GENERATING)
+def test_a_model_held_in_bf16_scores_and_generates(name, extra):
+    """A model converted to bfloat16 (`learntok export --dtype bfloat16`, transformers' dtype="auto") runs
+    its forward pass and cached generation: no strategy mixes its fp32 arithmetic with bf16 weights."""
+    model = generating_model(name, extra).to(torch.bfloat16)
+    with torch.no_grad():
+        logits = model(random_inputs(2, 32, seed=1)).logits
+    assert torch.isfinite(logits).all()
+    drawn = generate(model, b"Hi", max_bytes=4, seed=0, stop_on_eos=False)
+    assert len(drawn.data) == 4
+
+
 @pytest.fixture
 def small_cache_blocks(monkeypatch):
     """The token-level cache grows in blocks of 4 slots: many times in a short generation."""

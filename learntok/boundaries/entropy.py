@@ -187,7 +187,8 @@ class EntropyPatching(BoundaryStrategy):
     # --- generation: H_j from the early-exit logits at j (or the own model, stepped), the same rule --
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> EntropyCache:
-        own = None if self.own is None else self.own.blocks.allocate_inference_cache(batch_size, max_len, device)
+        own = None if self.own is None else self.own.blocks.allocate_inference_cache(
+            batch_size, max_len, device, self.own.head.weight.dtype)
         return EntropyCache(uniform_grid(batch_size, max_len, self.cfg.target_rate, device),
                             torch.zeros(batch_size, device=device), own)
 

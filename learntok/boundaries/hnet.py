@@ -110,9 +110,9 @@ class HNetChunking(BoundaryStrategy):
         self.w_k = nn.Parameter(torch.eye(d_model))
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
-        h = inp.hidden.float()
-        q = F.normalize(h[:, :-1] @ self.w_q.T, dim=-1)  # W_q X_{t-1}, (B, T-1, C)
-        k = F.normalize(h[:, 1:] @ self.w_k.T, dim=-1)  # W_k X_t
+        h = inp.hidden.float()  # the routing in fp32, also in a model held in bf16
+        q = F.normalize(h[:, :-1] @ self.w_q.float().T, dim=-1)  # W_q X_{t-1}, (B, T-1, C)
+        k = F.normalize(h[:, 1:] @ self.w_k.float().T, dim=-1)  # W_k X_t
         p = ((1 - (q * k).sum(-1)) / 2).clamp(0.0, 1.0)  # (B, T-1)
         p = F.pad(p, (1, 0), value=1.0).masked_fill(inp.forced, 1.0)  # p_0 = 1, document starts too
         a = ((p >= 0.5) & inp.valid) | inp.forced
@@ -138,11 +138,11 @@ class HNetChunking(BoundaryStrategy):
 
     def step(self, inp: BoundaryStepInput, cache: HNetCache) -> BoundaryStep:
         h = inp.hidden.float()
-        k = F.normalize(h @ self.w_k.T, dim=-1)
+        k = F.normalize(h @ self.w_k.float().T, dim=-1)
         p = ((1 - (cache.query * k).sum(-1)) / 2).clamp(0.0, 1.0)
         p = p.masked_fill(inp.forced | (inp.position == 0), 1.0)
         a = (p >= 0.5) | inp.forced
-        cache.query = F.normalize(h @ self.w_q.T, dim=-1)
+        cache.query = F.normalize(h @ self.w_q.float().T, dim=-1)
         return BoundaryStep(a=a, probs=p)
 
     def unpool_step(self, hidden: torch.Tensor, token: torch.Tensor, bnd: BoundaryStep, cache: HNetCache) -> torch.Tensor:
