@@ -356,7 +356,13 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
                 raise ValueError(f"learntok: labels cover {labels.shape[1]} positions but logits {logits.shape[1]} "
                                  f"(logits_to_keep={logits_to_keep}, or a cache's later call): give labels for the "
                                  f"positions whose logits are returned")
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+            targets = labels[:, 1:]
+            if attention_mask is not None:
+                # a byte after padding (a left-padded row's first) is not scored, as a row's first byte alone is
+                # not: the padding column before it holds no prediction
+                predicted_from = attention_mask[:, -labels.shape[1]:-1].bool()
+                targets = targets.masked_fill(~predicted_from, -100)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
                                    ignore_index=-100)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=states, **{CACHE: cache})
         return out if return_dict is not False else out.to_tuple()

@@ -124,6 +124,26 @@ def test_labels_give_the_next_byte_cross_entropy(saved):
     assert torch.equal(loss, out.loss) and torch.equal(logits, out.logits)
 
 
+def test_left_padded_labels_give_the_loss_of_each_row_alone(saved):
+    """The tokenizer pads on the left: with labels (a collator's, padding at -100) the loss of a padded batch
+    is the one of its rows concatenated, each scored as alone (its first byte has no prediction; the padding
+    column before it is not one)."""
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    assert tokenizer.padding_side == "left" and not batch["attention_mask"].all()
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        padded = float(model(**batch, labels=labels).loss)
+        for text in TEXTS:
+            ids = tokenizer(text, return_tensors="pt")["input_ids"]
+            nll += float(model(ids, labels=ids).loss) * (ids.shape[1] - 1)
+            n += ids.shape[1] - 1
+    assert math.isclose(padded, nll / n, rel_tol=1e-5)
+
+
 def test_a_hand_written_cache_loop_feeds_the_new_bytes_only(saved):
     """transformers' convention: a cached call takes the bytes after those already fed and returns their
     logits; the first returns the prompt's logits at every position. Each equals a full forward pass over
