@@ -218,6 +218,41 @@ def test_resuming_with_another_lambda_early_is_a_change_noted_not_another_model(
     assert capsys.readouterr().out.strip() == "note: resuming with model.lambda_early=0.5 (the checkpoint had 0.1)"
 
 
+def test_optimizer_settings_changed_on_resume_apply_and_are_noted(run, capsys):
+    """The saved optimizer state carries the betas and weight decay the run started with; those the resumed
+    config asks for are the ones that train, and each change is noted, one from an unset value too."""
+    capsys.readouterr()
+    t = run.cfg.train
+    t.beta1, t.beta2, t.weight_decay, t.flops_budget = 0.5, 0.75, 0.25, 1e12  # the budget: unset in the checkpoint
+    resumed = Trainer(run.cfg, run.run_dir, resume=True, progress=False, data=memory_data(run.cfg))
+    assert {(g["betas"], g["weight_decay"]) for g in resumed.optimizer.param_groups} == {((0.5, 0.75), 0.25)}
+    assert resumed.optimizer.state  # the moments were loaded: the settings were applied after them
+    notes = capsys.readouterr().out
+    assert "note: resuming with train.beta1=0.5 (the checkpoint had 0.9)" in notes
+    assert "note: resuming with train.weight_decay=0.25" in notes
+    assert "note: resuming with train.flops_budget=1000000000000.0 (the checkpoint had None)" in notes
+
+
+@pytest.mark.parametrize("field", ["bytes_seen", "data", "sample_rng"])
+def test_a_state_without_what_training_continues_from_says_so(run, field):
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    state = json.loads((ckpt / "state.json").read_text())
+    del state[field]
+    (ckpt / "state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=rf"step_000004/state.json has no usable {field}: not a training "
+                                              rf"checkpoint, or damaged"):
+        tiny_trainer(run.run_dir, resume=True)
+
+
+def test_a_damaged_random_state_names_its_checkpoint(run):
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    state = json.loads((ckpt / "state.json").read_text())
+    state["torch_rng"] = "not base64!"
+    (ckpt / "state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"step_000004: torch's random state is corrupt"):
+        tiny_trainer(run.run_dir, resume=True)
+
+
 def test_a_checkpoint_with_flat_boundaries_keys_resumes_as_the_same_config(run, capsys):
     """Written before the strategies' options had sections: read in the current layout, it differs in
     nothing from the config that resumes it (no note, not another model)."""

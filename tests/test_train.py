@@ -405,6 +405,22 @@ def test_too_many_non_finite_steps_in_a_row_stop_the_run(tmp_path, capsys):
     assert trainer.step == 6
 
 
+def test_a_run_of_bad_steps_before_a_checkpoint_still_stops_the_resumed_run(tmp_path):
+    """Steps 1-2 are bad, step 3 good, a checkpoint at 3, the check at the log line of step 4: the run stops
+    there, and so does the run resumed from step 3 (the longest run since the last log line is saved)."""
+    kw = dict(max_bad_steps=2, log_every=4, checkpoint_every=3, training_bytes=8 * 4 * 64)
+    trainer = tiny_trainer(tmp_path / "run", **kw)
+    poison(trainer, {1, 2}, "loss")
+    with pytest.raises(NonFiniteError, match="in 2 steps in a row"):
+        trainer.train()
+    assert trainer.step == 4
+    resumed = tiny_trainer(tmp_path / "run", resume=True, **kw)
+    assert resumed.step == 3
+    with pytest.raises(NonFiniteError, match="in 2 steps in a row"):
+        resumed.train()
+    assert resumed.step == 4
+
+
 # --- prepared data, end to end -------------------------------------------------------------------
 
 def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):

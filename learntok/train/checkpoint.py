@@ -70,7 +70,10 @@ def rng_to_json(generator: torch.Generator) -> str:
 
 
 def rng_from_json(generator: torch.Generator, text: str, what: str = "random state") -> None:
-    state = torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+    try:
+        state = torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+    except (ValueError, TypeError) as e:  # binascii.Error is a ValueError
+        raise CheckpointError(f"{what} is corrupt: {e}") from None
     expected = generator.get_state().numel()
     if state.numel() != expected:  # a CPU generator's state is 5056 bytes (Mersenne twister), a CUDA one's 16
         raise CheckpointError(f"{what} of {state.numel()} bytes does not fit a generator on {generator.device.type} "

@@ -209,7 +209,7 @@ class Trainer:
         tokens, second_draws = (int(x) for x in pending.tolist())
         return {"bytes_seen": self.bytes_seen, "flops": self.flops, "pending_tokens": tokens,
                 "pending_second_draw_flops": second_draws,
-                "bad_in_a_row": self.bad_in_a_row,
+                "bad_in_a_row": self.bad_in_a_row, "bad_longest": int(self._bad[1]),
                 "bad_total": self.bad_total, "config": to_dict(self.cfg), "data": self.data.train.state_dict(),
                 "sample_rng": ckpt_io.rng_to_json(self.sample_rng),
                 "torch_rng": ckpt_io.rng_to_json(torch.default_generator),
@@ -255,6 +255,12 @@ class Trainer:
     def _resume(self) -> None:
         ckpt = ckpt_io.latest_checkpoint(self.run_dir)
         state = ckpt_io.read_state(ckpt)
+        # what a training checkpoint holds besides the weights (a `save_checkpoint` of a model alone has none)
+        kinds = {"bytes_seen": int, "flops": (int, float), "data": dict, "sample_rng": str, "torch_rng": str}
+        unusable = [k for k, kind in kinds.items() if not isinstance(state.get(k), kind)]
+        if unusable:
+            raise ckpt_io.CheckpointError(f"{ckpt}/state.json has no usable {', '.join(unusable)}: not a training "
+                                          f"checkpoint, or damaged; a run cannot continue from it")
         saved = to_dict(ckpt_io.saved_config(ckpt, state)) if "config" in state else {}
         diffs = ckpt_io.config_differences(saved, to_dict(self.cfg))
         # a different model is refused; the attention kernel computes the same model, and lambda_early
@@ -273,9 +279,8 @@ class Trainer:
         if self.cfg.train.flops_budget is not None:  # continue the budget's plan where it stood (`_plan_to_budget`)
             self.cfg.train.training_bytes = saved["train"]["training_bytes"]
             diffs = [d for d in diffs if d[0] != "train.training_bytes"]
-        for key, a, b in diffs:
-            if a is not None:  # fields added since the checkpoint was written are not worth a line
-                print(f"note: resuming with {key}={b!r} (the checkpoint had {a!r})")
+        for key, a, b in diffs:  # (the saved config is read in the current layout: a new field has its default)
+            print(f"note: resuming with {key}={b!r} (the checkpoint had {a!r})")
         # full (unsharded) state dicts, whatever the number of ranks that wrote them
         weights = ckpt_io.read_weights(self.model, ckpt)
         optimizer_state = ckpt_io.read_optimizer_state(ckpt, state)
@@ -283,8 +288,11 @@ class Trainer:
             load_full_state(self.model, self.optimizer, weights, optimizer_state, self.dist)
         except (KeyError, ValueError) as e:
             raise ckpt_io.CheckpointError(f"{ckpt}: optimizer state does not fit this model: {e}") from None
+        t = self.cfg.train
         for group in self.optimizer.param_groups:  # checkpoints of unfused optimizers: the skip needs fused
-            group.update(fused=True, foreach=None)
+            # the saved groups carry the settings the run started with: the config's, changed on resume, apply
+            # (the learning rate is set every step)
+            group.update(fused=True, foreach=None, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
         try:
             self.data.train.load_state_dict(state["data"])
         except KeyError:  # the state of another kind of stream: a prepared dataset's against the demo's, or back
@@ -305,7 +313,9 @@ class Trainer:
             self._pending.copy_(torch.tensor([tokens, second_draws], dtype=torch.float64))
         self.total_steps = self._steps_to_go()
         in_a_row = state.get("bad_in_a_row", state.get("skipped_steps", 0))
-        self._bad = torch.tensor([in_a_row, in_a_row, state.get("bad_total", in_a_row)], device=self.device)
+        # the longest run since the last log line: a run that ended between it and the checkpoint still counts
+        longest = state.get("bad_longest", in_a_row)
+        self._bad = torch.tensor([in_a_row, longest, state.get("bad_total", in_a_row)], device=self.device)
         window = state.get("window", {"n": 0, "sums": {}})
         # sums over all ranks: rank 0 holds them (summed again at the next log line), the others zeros,
         # except the metrics that are the same on every rank
@@ -314,7 +324,7 @@ class Trainer:
             k: torch.tensor(v if keep or k in RANK_INVARIANT else 0.0, dtype=torch.float32, device=self.device)
             for k, v in window["sums"].items()}}
         ckpt_io.rng_from_json(self.sample_rng, state["sample_rng"], f"{ckpt}: the boundary sampler's random state")
-        ckpt_io.rng_from_json(torch.default_generator, state["torch_rng"])
+        ckpt_io.rng_from_json(torch.default_generator, state["torch_rng"], f"{ckpt}: torch's random state")
         self._saved_step = self.step
         self.resumed_from = ckpt
 
