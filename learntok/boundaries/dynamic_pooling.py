@@ -20,9 +20,10 @@ reads X_i only (bytes <= i), the token built at boundary i averages bytes <= i, 
 to positions >= i. The relaxed sample, the straight-through term and the pooling weights never change
 a forward value at an earlier position; `tests/test_causality.py` checks it by perturbation.
 
-Deviations: the boundary convention is ours (Nawrot's b_t = 1 starts a group at t, whose mean is then
-shown from the next group on; ours ends a token at i and shows it at i, one byte sooner, the same
-information); logit(target) is added as a constant so that the predictor starts at the target rate
+The boundary convention is Nawrot's: in `shortening.py` downsampling groups bytes by cumsum(b) - b, so a
+byte with b_t = 1 is the last of its group, and upsampling (inclusive cumsum, a null group in front) shows
+that group from t on, as here a token ends at i and is shown at i.
+Deviations: logit(target) is added as a constant so that the predictor starts at the target rate
 (Nawrot's starts at 0.5 and the prior pulls it down; `ByteUNet.reset_parameters` re-initialises every
 linear layer anyway); no learned null group and no LayerNorm after pooling (BOS is the first token and
 the token-level blocks start with RMSNorm); the prior loss counts valid bytes (forced boundaries
