@@ -282,6 +282,17 @@ def test_greedy_batch_decodes_each_request_as_plain_forward_passes(name, mode):
     assert scorer.greedy(*requests[4]) == got[4]
 
 
+def test_a_budget_that_leaves_no_room_for_the_context_is_refused():
+    """BOS, at least one context byte and the continuation must fit in MAX_LEN positions: a larger budget
+    would cut every context away and generate alike for every prompt (lm-eval's max_gen_toks 256, a short model)."""
+    scorer = scorer_for(tiny_model(), batch_size=2)
+    assert len(scorer.greedy(b"context", MAX_LEN - 2)) <= MAX_LEN - 2  # room for one context byte: served
+    assert len(scorer.greedy(b"", MAX_LEN - 1)) <= MAX_LEN - 1  # no context to keep: the whole row
+    with pytest.raises(ValueError, match=rf"{MAX_LEN - 1} bytes to generate leave no room for the context in the "
+                                         rf"model's {MAX_LEN} positions .* at most {MAX_LEN - 2} \(max_gen_toks\)"):
+        scorer.greedy_batch([(b"a", 1, ()), (b"context", MAX_LEN - 1, ())])
+
+
 # --- deterministic modes -------------------------------------------------------------------------
 
 

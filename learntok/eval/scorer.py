@@ -410,15 +410,20 @@ class UNetScorer:
     @torch.inference_mode()
     def greedy_batch(self, requests: Sequence[tuple[bytes, int, Sequence[bytes]]]) -> list[bytes]:
         """Greedy (argmax) bytes after the context of each (context, most bytes, stop strings) request. A
-        continuation stops after its most bytes (at most ``max_len - 1``), at a special symbol, or once one of
-        its stop strings appears (included in it). A context is cut from the left so that BOS, context and
-        continuation fit in ``max_len`` positions, as lm-evaluation-harness's own models cut it. Requests
+        continuation stops after its most bytes, at a special symbol, or once one of its stop strings appears
+        (included in it). A context is cut from the left so that BOS, context and continuation fit in
+        ``max_len`` positions, as lm-evaluation-harness's own models cut it; a ValueError when the most bytes
+        leave no room for a byte of it (they would make every context empty). Requests
         run ``batch_size`` at a time with the U-Net's caches (`incremental.CachedRows`: the contexts prefilled,
         then one step per byte for the whole batch). Boundaries follow the mode, with the random numbers
         :meth:`score` uses (the first draw's stream) over rows of ``max_len`` positions:
         ``score([(context, continuation)])`` has ``greedy_match``."""
         T = self.max_len
-        budgets = [max(0, min(int(n), T - 1)) for _, n, _ in requests]
+        budgets = [max(0, int(n)) for _, n, _ in requests]
+        for (context, _, _), n in zip(requests, budgets):
+            if n > T - 1 - min(len(context), 1):  # the context would be cut away whole: every prompt alike
+                raise ValueError(f"{n} bytes to generate leave no room for the context in the model's {T} positions "
+                                 f"(BOS, context, continuation): ask for at most {T - 2} (max_gen_toks)")
         const = self._constant_u() if self.stochastic else 0.5
         uniforms = (torch.full((T,), const) if const is not None else _stream(draw_seed(self.seed, 0), T)).to(self.device)
         out = [bytearray() for _ in requests]
