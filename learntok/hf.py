@@ -78,7 +78,7 @@ __all__ = ["LearntokCache", "LearntokConfig", "LearntokForCausalLM", "LearntokMo
 
 # what AutoModel passes along for the Hub and for classes it loads itself: nothing to do for us
 _LOADER_KEYS = {"trust_remote_code", "_from_auto", "_from_pipeline", "_commit_hash", "code_revision",
-                "adapter_kwargs", "force_download", "proxies", "subfolder", "low_cpu_mem_usage", "attn_implementation",
+                "adapter_kwargs", "force_download", "proxies", "low_cpu_mem_usage", "attn_implementation",
                 "use_safetensors", "resume_download", "user_agent", "gguf_file"}
 
 
@@ -191,7 +191,7 @@ class LearntokPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *model_args, config=None, dtype=None,
                         torch_dtype=None, device_map=None, revision: str | None = None, token: str | None = None,
-                        cache_dir: str | None = None, local_files_only: bool = False, **kwargs):
+                        cache_dir: str | None = None, local_files_only: bool = False, subfolder: str = "", **kwargs):
         """Load with `learntok.from_pretrained` (a saved directory, a training run or a Hub repo), in
         eval mode. ``dtype`` (or ``torch_dtype``; by default ``"auto"``, as in transformers: the type the
         weights were saved in) and ``device_map`` (a device) are honoured. The model's
@@ -202,7 +202,7 @@ class LearntokPreTrainedModel(PreTrainedModel):
         if model_args or unknown:
             warnings.warn(f"learntok: from_pretrained ignores {[*map(repr, model_args), *unknown]}", stacklevel=2)
         unet = hub.from_pretrained(pretrained_model_name_or_path, revision=revision, token=token, cache_dir=cache_dir,
-                                   local_files_only=local_files_only)
+                                   local_files_only=local_files_only, subfolder=subfolder or "")
         model = cls(LearntokConfig(**hub.config_json(unet), boundary_seed=int(seed)), unet=unet)
         dtype = dtype if dtype is not None else torch_dtype
         if dtype is None or dtype == "auto":  # transformers' default: the type the weights were saved in

@@ -290,17 +290,21 @@ learntok {meta['learntok_version']}, format version {meta['format_version']}.
 # --- loading -------------------------------------------------------------------------------------
 
 def from_pretrained(path_or_repo: str | Path, device: str | torch.device = "cpu", *, revision: str | None = None,
-                    token: str | None = None, cache_dir: str | None = None, local_files_only: bool = False):
+                    token: str | None = None, cache_dir: str | None = None, local_files_only: bool = False,
+                    subfolder: str = ""):
     """Load a model, in eval mode, from a directory written by `save_pretrained`, a training run or
-    checkpoint directory, or a Hugging Face Hub repo id (`owner/name`, downloaded on first use)."""
+    checkpoint directory, or a Hugging Face Hub repo id (`owner/name`, downloaded on first use).
+    `subfolder`: the model is in that folder of the directory or repo (transformers' argument)."""
     path = Path(path_or_repo).expanduser()
     if path.is_file() and path.name in (CONFIG_NAME, WEIGHTS_NAME, "state.json"):
         path = path.parent
     repo_like = _REPO_ID.match(str(path_or_repo)) is not None
     if path.is_dir():
-        directory = path
+        directory = path / subfolder
+        if not directory.is_dir():
+            raise ModelLoadError(f"{path}: no folder {subfolder!r} in it")
     elif repo_like and not path.parent.is_dir():  # `runs/demo0` beside a local `runs` folder: a typo
-        directory = _download(str(path_or_repo), revision, token, cache_dir, local_files_only)
+        directory = _download(str(path_or_repo), revision, token, cache_dir, local_files_only, subfolder)
     else:
         if path.exists():
             raise ModelLoadError(f"{path_or_repo}: a file, not a model directory")
@@ -414,18 +418,20 @@ def _hub():
     return huggingface_hub
 
 
-def _download(repo_id: str, revision, token, cache_dir, local_files_only) -> Path:
+def _download(repo_id: str, revision, token, cache_dir, local_files_only, subfolder: str = "") -> Path:
     hub = _hub()
+    folder = subfolder.strip("/") + "/" if subfolder.strip("/") else ""
     try:
         local = hub.snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
                                       local_files_only=local_files_only,
-                                      allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, CARD_NAME, *STRATEGY_FILES],
+                                      allow_patterns=[folder + name for name in (CONFIG_NAME, WEIGHTS_NAME, CARD_NAME,
+                                                                                 *STRATEGY_FILES)],
                                       library_name="learntok", library_version=__version__)
     except Exception as e:  # not found, no network, no access: say which and keep the original error chained
         first = (str(e).strip().splitlines() or [""])[0]  # huggingface_hub's messages run on over several lines
         raise ModelLoadError(f"{repo_id}: no local directory of that name, and downloading it from the Hugging Face "
                              f"Hub failed ({type(e).__name__}: {first})") from e
-    return Path(local)
+    return Path(local) / folder
 
 
 def push_to_hub(model, repo_id: str, *, private: bool | None = None, token: str | None = None,

@@ -111,6 +111,13 @@ def test_rows_with_padding_or_without_bos_give_the_row_alone(saved):
             assert (row[m] - ref).abs().max() < 1e-5
 
 
+def test_auto_model_loads_the_model_of_a_subfolder(tmp_path):
+    learntok.save_pretrained(tiny_unet("whitespace"), tmp_path / "repo")
+    learntok.save_pretrained(tiny_unet("learned"), tmp_path / "repo" / "ckpt")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "repo", subfolder="ckpt", trust_remote_code=True)
+    assert model.unet.boundaries.name == "learned"
+
+
 def test_labels_give_the_next_byte_cross_entropy(saved):
     _, directory = saved
     model = AutoModelForCausalLM.from_pretrained(directory)

@@ -224,6 +224,24 @@ def test_hub_repo_ids(monkeypatch, saved):
     assert "\n" not in str(info.value)  # one line: the first of huggingface_hub's message
 
 
+def test_a_model_in_a_subfolder_of_a_directory_or_repo(monkeypatch, tmp_path):
+    """transformers' `subfolder`: the model in that folder is loaded, not the one beside it, locally and from
+    the Hub (whose download asks for that folder's files only)."""
+    hub = pytest.importorskip("huggingface_hub")
+    (beside, _), (inside, _) = make_model("whitespace"), make_model("learned")
+    save_pretrained(beside, tmp_path / "repo")
+    save_pretrained(inside, tmp_path / "repo" / "ckpt")
+    assert from_pretrained(tmp_path / "repo", subfolder="ckpt").boundaries.name == "learned"
+    assert from_pretrained(tmp_path / "repo").boundaries.name == "whitespace"
+    with pytest.raises(ModelLoadError, match="no folder 'other' in it"):
+        from_pretrained(tmp_path / "repo", subfolder="other")
+    asked = []
+    monkeypatch.setattr(hub, "snapshot_download", lambda repo_id, **kw: asked.append(kw["allow_patterns"])
+                        or str(tmp_path / "repo"))
+    assert from_pretrained("someone/tiny", subfolder="ckpt").boundaries.name == "learned"
+    assert asked[0] and all(pattern.startswith("ckpt/") for pattern in asked[0])
+
+
 @pytest.fixture
 def fake_hub(monkeypatch):
     """huggingface_hub's HfApi replaced by one that records what it was asked: `.record`, and `.api`, the class
