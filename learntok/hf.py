@@ -326,7 +326,8 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
                 output_hidden_states: bool | None = None, **kwargs) -> CausalLMOutputWithPast | tuple:
         """Next-byte logits (B, T, V) at every given position (zeros at padding), or at the last
         ``logits_to_keep`` of them, and with ``labels`` the mean next-byte cross-entropy over positions
-        whose label is not -100 (shifted as usual). With a `LearntokCache` (`cache`, or `past_key_values`
+        whose label is not -100 (shifted as usual; a byte after padding, a left-padded row's first, is not
+        scored, as a row's first byte is not). With a `LearntokCache` (`cache`, or `past_key_values`
         as older transformers name it; ``use_cache=True`` starts one), as with any transformers model:
         the first call feeds the prompts, and every later one only the bytes that follow (B, n), whose
         logits it returns.
