@@ -338,6 +338,9 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
         token each byte is in), the output of each decoder block, the last with the head's final norm (as
         transformers' decoders give it). The token level's states are per token; ``model.unet`` has them."""
         self._refuse_attentions(kwargs)
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"learntok: input_ids must be (batch, length) with at least one position, got shape "
+                             f"{tuple(input_ids.shape)}")
         cache = cache if cache is not None else past_key_values
         if cache is None and use_cache and not self.training:
             cache = LearntokCache()

@@ -379,6 +379,14 @@ def test_generate_draws_the_bytes_of_learntok_generate(saved, settings, use_cach
     assert len(prefills) == (1 if use_cache else 0)
 
 
+def test_input_without_positions_is_a_clear_error(saved):
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    for ids in (torch.zeros(1, 0, dtype=torch.long), torch.zeros(3, dtype=torch.long)):
+        with pytest.raises(ValueError, match="input_ids must be \\(batch, length\\) with at least one position"):
+            model(ids)
+
+
 def test_generate_refuses_what_it_cannot_do(saved):
     _, directory = saved
     model = AutoModelForCausalLM.from_pretrained(directory)
