@@ -36,6 +36,13 @@ def run(tmp_path):
     return trainer
 
 
+def edit_state(ckpt, change) -> None:
+    """Rewrite a checkpoint's state.json with `change` (a function that edits the dict in place) applied."""
+    state = json.loads((ckpt / "state.json").read_text())
+    change(state)
+    (ckpt / "state.json").write_text(json.dumps(state))
+
+
 def weights(ckpt) -> dict:
     from safetensors.torch import load_file
     return load_file(str(ckpt / "model.safetensors"))
@@ -151,9 +158,7 @@ def test_corrupt_or_missing_state_gives_a_clear_error(run):
 ], ids=["step", "config", "files", "file_entry"])
 def test_a_hand_edited_state_says_which_field_is_wrong(run, edit, problem):
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
-    state = json.loads((ckpt / "state.json").read_text())
-    edit(state)
-    (ckpt / "state.json").write_text(json.dumps(state))
+    edit_state(ckpt, edit)
     with pytest.raises(CheckpointError, match=rf"step_000004/state.json is corrupt: {problem} \(earlier checkpoints"):
         load_model(ckpt)
 
@@ -179,9 +184,7 @@ def test_resuming_on_another_kind_of_device_says_so(run):
     """The boundary sampler's generator lives on the training device, and a CUDA generator's state (16 bytes:
     Philox seed and offset) does not fit a CPU one (5056): resuming a GPU run on a CPU is a clear error."""
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
-    state = json.loads((ckpt / "state.json").read_text())
-    state["sample_rng"] = base64.b64encode(bytes(16)).decode()  # the size of a CUDA generator's state
-    (ckpt / "state.json").write_text(json.dumps(state))
+    edit_state(ckpt, lambda s: s.update(sample_rng=base64.b64encode(bytes(16)).decode()))  # a CUDA generator's size
     with pytest.raises(CheckpointError, match=r"step_000004: the boundary sampler's random state of 16 bytes does "
                                               r"not fit a generator on cpu \(5056 bytes\).*resume it on that kind"):
         tiny_trainer(run.run_dir, resume=True)
@@ -189,9 +192,7 @@ def test_resuming_on_another_kind_of_device_says_so(run):
 
 def test_checkpoint_written_before_checksums_still_loads(run):
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
-    state = json.loads((ckpt / "state.json").read_text())
-    del state["files"]
-    (ckpt / "state.json").write_text(json.dumps(state))
+    edit_state(ckpt, lambda s: s.pop("files"))
     load_model(ckpt)
     path = ckpt / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-100])  # without recorded sizes the parser still notices
@@ -236,9 +237,7 @@ def test_optimizer_settings_changed_on_resume_apply_and_are_noted(run, capsys):
 @pytest.mark.parametrize("field", ["bytes_seen", "data", "sample_rng"])
 def test_a_state_without_what_training_continues_from_says_so(run, field):
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
-    state = json.loads((ckpt / "state.json").read_text())
-    del state[field]
-    (ckpt / "state.json").write_text(json.dumps(state))
+    edit_state(ckpt, lambda s: s.pop(field))
     with pytest.raises(CheckpointError, match=rf"step_000004/state.json has no usable {field}: not a training "
                                               rf"checkpoint, or damaged"):
         tiny_trainer(run.run_dir, resume=True)
@@ -246,9 +245,7 @@ def test_a_state_without_what_training_continues_from_says_so(run, field):
 
 def test_a_damaged_random_state_names_its_checkpoint(run):
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
-    state = json.loads((ckpt / "state.json").read_text())
-    state["torch_rng"] = "not base64!"
-    (ckpt / "state.json").write_text(json.dumps(state))
+    edit_state(ckpt, lambda s: s.update(torch_rng="not base64!"))
     with pytest.raises(CheckpointError, match=r"step_000004: torch's random state is corrupt"):
         tiny_trainer(run.run_dir, resume=True)
 
@@ -257,9 +254,7 @@ def test_a_checkpoint_with_flat_boundaries_keys_resumes_as_the_same_config(run, 
     """Written before the strategies' options had sections: read in the current layout, it differs in
     nothing from the config that resumes it (no note, not another model)."""
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
-    state = json.loads((ckpt / "state.json").read_text())
-    state["config"] = flat_config(state["config"])
-    (ckpt / "state.json").write_text(json.dumps(state))
+    edit_state(ckpt, lambda s: s.update(config=flat_config(s["config"])))
     capsys.readouterr()
     resumed = Trainer(run.cfg, run.run_dir, resume=True, progress=False, data=memory_data(run.cfg))
     assert resumed.step == 4 and "note:" not in capsys.readouterr().out
