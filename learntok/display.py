@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .data.batch import BOS
+from .data.batch import BOS, PAD
 
 
 @dataclass
@@ -101,9 +101,11 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     decided in order (`"threshold"`, as `learntok eval --boundaries threshold`: the segmentation a
     committed policy has settled on, and almost none for a policy that keeps every p below 0.5); or
     a = [logit > tau], one threshold for the whole text (`"quantile"`: `tau` defaults to
-    `quantile_threshold`, the one that gives this text boundaries at the policy's target rate). A text
-    longer than `context` bytes (default: the training sequence length when known, else 4096) is cut
-    into pieces, each read after its own BOS."""
+    `quantile_threshold`, the one that gives this text boundaries at the policy's target rate). The model
+    reads rows of `context` positions, as it trained and as scoring reads them (default: the training
+    sequence length when the model knows it, else 4096): a longer text is cut into pieces of context - 1
+    bytes, each after its own BOS, and a strategy whose boundaries depend on the row's length (`uniform`)
+    sees every row padded to `context`."""
     from .eval.scorer import BOUNDARY_MODES, threshold_uniform
     from .hub import as_unet, default_context
 
@@ -117,6 +119,8 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
                          "use boundaries='sampled'")
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     context = context or default_context(model)
+    if context < 2:
+        raise ValueError(f"context must be >= 2 positions (BOS and a byte), got {context}")
     if constant and boundaries == "quantile" and tau is None:
         tau = quantile_threshold(model, data, context)
     # a constant uniform u turns each sampled decision into p > u: u = 0.5 thresholds, sigmoid(tau) is logit > tau
@@ -127,12 +131,14 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     gen = torch.Generator(device=device).manual_seed(seed)
     probs, bounds = [], []
     try:
-        for start in range(0, len(data), context):
-            inputs = torch.tensor([[BOS, *data[start:start + context]]], dtype=torch.long, device=device)
+        for start in range(0, len(data), context - 1):
+            piece = data[start:start + context - 1]
+            padding = [PAD] * (context - 1 - len(piece)) if strategy.length_dependent else []
+            inputs = torch.tensor([[BOS, *piece, *padding]], dtype=torch.long, device=device)
             uniforms = torch.full(inputs.shape, u, device=device) if constant else None
             bnd = model(inputs, generator=gen, uniforms=uniforms).boundaries
-            probs += (bnd.probs if bnd.probs is not None else bnd.a.float())[0, 1:].tolist()
-            bounds += bnd.a[0, 1:].tolist()
+            probs += (bnd.probs if bnd.probs is not None else bnd.a.float())[0, 1:len(piece) + 1].tolist()
+            bounds += bnd.a[0, 1:len(piece) + 1].tolist()
     finally:
         model.train(was_training)
     return Segmentation(data, probs, bounds)

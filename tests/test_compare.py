@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_train import without_timing
 
 from learntok.cli import main as cli_main
@@ -249,7 +250,8 @@ def test_a_run_whose_heldout_bpb_is_not_finite_is_a_failed_run(tmp_path, monkeyp
     monkeypatch.setattr(compare_run, "segment_paragraph", lambda *a, **k: type("S", (), {"to_json": lambda self: {}})())
     monkeypatch.setattr(compare_run, "evaluation_samples", lambda *a: (1, 1))
     result = RunResult("learned", 0, "ok", run_dir=str(tmp_path))
-    data = type("Data", (), {"val": []})()
+    rows = torch.zeros(2, 64, dtype=torch.long)
+    data = type("Data", (), {"val": [type("Batch", (), {"inputs": rows, "valid": rows > 0})()]})()
     compare_run.evaluate_run(type("Settings", (), {"paragraph": "x"})(), result, None, data, Reference(), "cpu")
     assert result.status == "failed" and "held-out bpb is nan: the model diverged" in result.message
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "failed"

@@ -68,9 +68,32 @@ def test_model_segment(model):
     assert seg == segment(model, TEXT, seed=1)
     assert 0 < seg.boundary_rate < 1
     assert all(0 < p < 1 for p in seg.probs)
-    # long texts are read in pieces of `context` bytes, each after its own BOS
+    # long texts are read in rows of `context` positions: pieces of context - 1 bytes, each after its own BOS
     pieces = display.segment(model, TEXT, seed=1, context=16)
     assert len(pieces.probs) == len(seg.data)
+
+
+@pytest.mark.parametrize("name", ["uniform", "whitespace"])
+def test_segment_reads_rows_of_the_trained_length(name):
+    """Rows of `context` positions, BOS and context - 1 bytes, as training and scoring rows are; a strategy
+    whose boundaries depend on the row's length (uniform) sees every row padded to `context`, so the
+    boundaries shown are those the model trains and scores with."""
+    from learntok.data.batch import BOS, PAD
+
+    cfg = tiny_config(name=name)
+    model = ByteUNet(cfg.model, cfg.boundaries).eval()
+    text = b"a few words of text, forty bytes long..."
+    shapes = []
+    model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    seg = display.segment(model, text, context=16)
+    padded = model.boundaries.length_dependent
+    assert shapes == [(1, 16), (1, 16), (1, 16 if padded else 11)]  # 15 + 15 + 10 bytes
+    for start, n in ((0, 15), (15, 15), (30, 10)):
+        row = torch.tensor([[BOS, *text[start:start + n], *[PAD] * ((15 - n) if padded else 0)]])
+        with torch.no_grad():
+            assert seg.boundaries[start:start + n] == model(row).boundaries.a[0, 1:n + 1].tolist()
+    with pytest.raises(ValueError, match="context must be >= 2"):
+        display.segment(model, text, context=1)
 
 
 def test_threshold_segment(model):

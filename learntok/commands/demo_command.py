@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     text = showcase_paragraph(build_demo_corpus(cfg.data.val_fraction).val)
     colour = use_colour()
     print(f"\nlearned tokens of held-out text {legend(colour)}:\n")
-    print(render(segment(model, text, seed=0), colour))
+    print(render(segment(model, text, seed=0, context=t.seq_len), colour))
     print(f"\ndone in {(time.perf_counter() - t0) / 60:.1f} minutes (training {train_seconds / 60:.1f}). "
           f"Metrics: {args.run_dir}/metrics.jsonl; checkpoint: {args.run_dir}/step_*")
     return 0

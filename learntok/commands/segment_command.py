@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="quantile mode: this logit threshold instead (e.g. the one `learntok eval --boundaries "
                         "quantile` calibrated on held-out text)")
     p.add_argument("--context", type=int, default=None, metavar="N",
-                   help="bytes per forward pass for long texts (default: the training sequence length)")
+                   help="positions per forward pass, BOS included: a long text is read in pieces of N - 1 "
+                        "bytes (default: the training sequence length)")
     p.add_argument("--html", metavar="OUT.html", help="also write a standalone HTML page")
     p.add_argument("--png", metavar="OUT.png", help="also write a PNG image (needs matplotlib: learntok[plot])")
     p.add_argument("--width", type=int, default=100, help="characters per line in the PNG (default 100)")
@@ -73,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import display
 
     data = read_text(args.text, args.file)
-    if args.context is not None and args.context < 1:
-        raise CommandError("--context must be >= 1")
+    if args.context is not None and args.context < 2:
+        raise CommandError("--context must be >= 2 (BOS and a byte)")
     if args.tau is not None and args.boundaries != "quantile":
         raise CommandError("--tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)

@@ -196,7 +196,7 @@ def evaluate_run(settings: CompareSettings, result: RunResult, model, data, refe
     result.analysis = {**report.to_dict(), "bpe_reference": reference.description,
                        "heldout_sequences": sum(len(b.inputs) for b in data.val),
                        "heldout_bytes": int(sum(int(b.valid.sum()) for b in data.val))}
-    segmentation = segment_paragraph(model, settings.paragraph)
+    segmentation = segment_paragraph(model, settings.paragraph, context=data.val[0].inputs.shape[1])
     (run_dir / "segmentation.json").write_text(json.dumps(segmentation.to_json()))
     (run_dir / "result.json").write_text(json.dumps(asdict(result)))
 
@@ -390,12 +390,13 @@ def default_paragraph(cfg: RunConfig) -> str:
     return showcase_paragraph(stream, min_bytes=300, max_bytes=700)
 
 
-def segment_paragraph(model, text: str):
-    """The model's segmentation of `text` (seed 0); none where its strategy cannot make boundaries for
-    text that comes without them (a user's segmentation file)."""
+def segment_paragraph(model, text: str, context: int):
+    """The model's segmentation of `text` (seed 0) in rows of `context` positions, its training rows'
+    length; none where its strategy cannot make boundaries for text that comes without them (a user's
+    segmentation file)."""
     from ..display import Segmentation, segment
 
     if not model.boundaries.can_segment:
         data = text.encode("utf-8")
         return Segmentation(data, [0.0] * len(data), [False] * len(data))
-    return segment(model, text, seed=0)
+    return segment(model, text, seed=0, context=context)
