@@ -371,10 +371,14 @@ def test_a_finished_run_asked_for_other_draws_is_evaluated_again_not_trained_aga
     assert "another paragraph to segment" in log
     assert json.loads((run_dir / "segmentation.json").read_text())["text"] == "Another paragraph."
 
+    compare(paragraph=None)  # the default paragraph, from the data
+
     for checkpoint in list_checkpoints(run_dir):
         shutil.rmtree(checkpoint)
+    # asked for as it was evaluated, the default paragraph included, it needs no checkpoint
+    assert "reusing the finished run" in compare(paragraph=None)[0]
     with pytest.raises(ConfigError, match=r"random-seed0 holds a finished run evaluated otherwise than this command "
                                           r"asks \(--eval-samples: 1 there, 3 asked for\), and no longer its final "
                                           r"checkpoint \(step \d+\) to evaluate it again"):
-        compare(eval_samples=3, paragraph="Another paragraph.", strategies=("uniform", "random"))
+        compare(eval_samples=3, paragraph=None, strategies=("uniform", "random"))
     assert not (out / "runs" / "uniform-seed0").exists()  # said before any run trained

@@ -71,10 +71,10 @@ def run_comparison(settings: CompareSettings, log=print) -> dict:
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     settings.out.mkdir(parents=True, exist_ok=True)
     base = load_config(settings.config, settings.overrides)
+    if settings.paragraph is None:  # before the runs are checked: a finished run was segmented on it
+        settings.paragraph = default_paragraph(base)
     check_run_folders(settings)
     reference = BpeReference(base)
-    if settings.paragraph is None:
-        settings.paragraph = default_paragraph(base)
     results, segs = [], []
     for i, strategy in enumerate(settings.strategies):
         for seed in range(settings.seeds):
