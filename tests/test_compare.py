@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import shutil
 import statistics
 from dataclasses import asdict
@@ -65,8 +66,12 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert {"uniform", "bpe", "no_such_strategy"} <= set(rows)
     assert "skipped: not registered" in rows["no_such_strategy"]
-    results = json.loads((out / "results.json").read_text())
+    def strict(constant):
+        raise AssertionError(f"results.json holds {constant}, which strict JSON readers refuse")
+
+    results = json.loads((out / "results.json").read_text(), parse_constant=strict)
     by_name = {r["strategy"]: r for r in results["rows"]}
+    assert by_name["no_such_strategy"].get("bpb") is None  # a skipped strategy has no bpb: none, or null
     for name in ("uniform", "bpe"):
         r = by_name[name]
         assert r["status"] == "ok" and 0 < r["bpb"] < 9
@@ -78,6 +83,7 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     # the report read back as the runs it holds, from the folder or from results.json
     runs = read_results(out)
     assert [(r.strategy, r.status) for r in runs] == [(x["strategy"], x["status"]) for x in results["runs"]]
+    assert math.isnan(next(r for r in runs if r.status == "skipped").bpb)  # null read back as NaN
     finished = [r for r in runs if r.status == "ok"]  # (a skipped run's bpb is NaN, equal to nothing)
     assert [asdict(r) for r in finished] == [x for x in results["runs"] if x["status"] == "ok"]
     assert finished == [r for r in read_results(out / "results.json") if r.status == "ok"]

@@ -17,7 +17,7 @@ import torch
 
 from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
 from ..eval.benchmarks import ratio_and_se
-from .run import BpeReference, CompareSettings, RunResult
+from .run import BpeReference, CompareSettings, RunResult, to_json
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
 # uniform blue, the straight-through methods orange and pink)
@@ -389,7 +389,7 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
                "runs": [asdict(r) for r in results],
                "files": {"table": "table.md", "plot": plot and plot.name, "segmentation_png": seg_png and seg_png.name,
                          "segmentation_html": "segmentation.html"}}
-    (out / "results.json").write_text(json.dumps(payload, indent=1, default=float))
+    (out / "results.json").write_text(to_json(payload, indent=1, default=float))
     return payload
 
 
@@ -397,4 +397,4 @@ def read_results(path: str | Path) -> list[RunResult]:
     """The runs of a comparison's report (its folder, or its results.json), to tabulate or compare them again."""
     path = Path(path)
     path = path / "results.json" if path.is_dir() else path
-    return [RunResult(**run) for run in json.loads(path.read_text())["runs"]]
+    return [RunResult.from_json(run) for run in json.loads(path.read_text())["runs"]]

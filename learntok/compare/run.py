@@ -71,6 +71,25 @@ class RunResult:
     sequence_bits: list = field(default_factory=list)
     sequence_bytes: list = field(default_factory=list)
 
+    @classmethod
+    def from_json(cls, values: dict) -> RunResult:
+        """A result read back from JSON, where a number that is not finite (a failed run's bpb) is null."""
+        return cls(**{k: float("nan") if v is None and isinstance(getattr(cls, k, None), float) else v
+                      for k, v in values.items()})
+
+
+def to_json(value, **kwargs) -> str:
+    """Strict JSON (RFC 8259, as JavaScript and jq read it): a number that is not finite is written null."""
+    def finite(v):
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
 
 # --- planning ------------------------------------------------------------------------------------
 
@@ -198,7 +217,7 @@ def evaluate_run(settings: CompareSettings, result: RunResult, model, data, refe
                        "heldout_bytes": int(sum(int(b.valid.sum()) for b in data.val))}
     segmentation = segment_paragraph(model, settings.paragraph, context=data.val[0].inputs.shape[1])
     (run_dir / "segmentation.json").write_text(json.dumps(segmentation.to_json()))
-    (run_dir / "result.json").write_text(json.dumps(asdict(result)))
+    (run_dir / "result.json").write_text(to_json(asdict(result)))
 
 
 def reuse_finished(settings: CompareSettings, cfg: RunConfig, run_dir: Path, reference, log=print) -> RunResult:
@@ -221,7 +240,7 @@ def stale_evaluation(settings: CompareSettings, run_dir: Path) -> tuple[RunResul
     `--analysis-samples` and the paragraph are not in the run's config, which `check_same_run` compares (the
     held-out sequences are: `--heldout-sequences` sets `train.eval_batches`). A ConfigError where it must be
     evaluated again and that checkpoint is gone."""
-    result = RunResult(**json.loads((run_dir / "result.json").read_text()))
+    result = RunResult.from_json(json.loads((run_dir / "result.json").read_text()))
     result.run_dir = str(run_dir)  # where it is now, should the report folder have moved
     eval_samples, analysis_samples = evaluation_samples(settings, result.strategy)
     # (a result written before the analysis draws were kept has 0 of them: taken as asked, not evaluated again)
