@@ -112,6 +112,21 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     assert capsys.readouterr().out.count("reusing the finished run") == 2
 
 
+@pytest.mark.parametrize("signal_number", [2, 15])
+def test_a_run_stopped_by_a_signal_exits_128_plus_its_number(tmp_path, monkeypatch, capsys, signal_number):
+    """Ctrl-C (2) or SIGTERM (15) stops the run in progress after its checkpoint, and the command with it."""
+    import learntok.compare
+    from learntok.compare.run import Stopped
+
+    def stopped(settings, log=print):
+        raise Stopped(signal_number)
+
+    monkeypatch.setattr(learntok.compare, "run_comparison", stopped)
+    assert cli_main(["compare", "--strategies", "uniform", "--flops", "1e8", "--out", str(tmp_path / "r"),
+                     "--no-progress", *TINY]) == 128 + signal_number
+    assert f"interrupted: stopped by signal {signal_number}; run the same command again" in capsys.readouterr().out
+
+
 def test_flops_per_byte_matches_the_trainer_accounting(prepared):
     cfg = load_config(None, TINY + [f"data.source={prepared}", "data.mode=packed", "boundaries.name=uniform"])
     model = build_model(cfg)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -101,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"comparing {', '.join(strategies)} at {flops:.4g} training FLOPs each ({args.seeds} seed(s)); report in {out}")
     try:
         payload = run_comparison(settings)
-    except KeyboardInterrupt as e:
+    except KeyboardInterrupt as e:  # a run stopped by a signal (`Stopped`), or Ctrl-C between runs
         print(f"\ninterrupted: {e}")
-        return 130
+        return 128 + getattr(e, "signal_number", signal.SIGINT)
     print(f"\n{(out / 'table.md').read_text()}")
     return 0 if any(r["status"] == "ok" for r in payload["rows"]) else 1

@@ -78,6 +78,14 @@ class RunResult:
                       for k, v in values.items()})
 
 
+class Stopped(KeyboardInterrupt):
+    """A run stopped by a signal (Ctrl-C, SIGTERM) after saving its checkpoint: the comparison stops too."""
+
+    def __init__(self, signal_number: int):
+        super().__init__(f"stopped by signal {signal_number}; run the same command again to continue")
+        self.signal_number = signal_number
+
+
 def to_json(value, **kwargs) -> str:
     """Strict JSON (RFC 8259, as JavaScript and jq read it): a number that is not finite is written null."""
     def finite(v):
@@ -179,7 +187,7 @@ def train_one(settings: CompareSettings, strategy: str, seed: int, reference, lo
     finally:
         (run_dir / OWNER_FILE).unlink(missing_ok=True)
     if trainer.stopped_by is not None:
-        raise KeyboardInterrupt(f"stopped by signal {trainer.stopped_by}; run the same command again to continue")
+        raise Stopped(trainer.stopped_by)
     result.wall_s = time.perf_counter() - start
     result.status = "ok"
     result.flops, result.bytes, result.steps = float(trainer.flops), float(trainer.bytes_seen), trainer.step
