@@ -221,8 +221,10 @@ def render(seg: Segmentation, colour: bool, separator: str | None = None) -> str
     out = []
     for c in seg.characters():
         shown = {"\n": "↵\n", "\t": "→"}.get(c.char, c.char)
+        # control characters as their pictures, also without colour: a raw CR or ESC would move the cursor or
+        # recolour the terminal
+        shown = "".join(shown_as(ch) if ch != "\n" else ch for ch in shown)
         if colour:
-            shown = "".join(shown_as(ch) if ch != "\n" else ch for ch in shown)
             bg = probability_colour(c.prob)
             fg = ink_on(bg)
             out.append(f"\x1b[48;2;{bg[0]};{bg[1]};{bg[2]}m\x1b[38;2;{fg[0]};{fg[1]};{fg[2]}m{shown}\x1b[0m")

@@ -140,6 +140,12 @@ def test_terminal_rendering():
     assert coloured.count("\x1b[48;2;") == 4 and coloured.count("│") == 1
     assert display.probability_colour(0.0)[2] > display.probability_colour(0.0)[0]  # blue at 0
     assert display.probability_colour(1.0)[0] > display.probability_colour(1.0)[2]  # red at 1
+    # control characters show as their pictures with or without colour: a raw CR or ESC would move the cursor
+    # or recolour the terminal
+    data = b"ab\r\ncd\x1b[31m\x00"
+    ctrl = Segmentation(data, [0.1] * len(data), [False] * len(data))
+    assert display.render(ctrl, colour=False) == "ab\u240d\u21b5\ncd\u241b[31m\u2400"
+    assert "\r" not in display.render(ctrl, colour=True) and "\x1b[31m" not in display.render(ctrl, colour=True)
 
 
 def test_json(model):
