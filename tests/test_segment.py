@@ -232,8 +232,12 @@ def test_png(model, tmp_path):
 
 def test_segment_command(model_dir, tmp_path, capsys):
     assert main(["segment", str(model_dir), TEXT]) == 0
-    out = capsys.readouterr().out
-    assert "|" in out and "\x1b[" not in out and "tokens" in out  # not a terminal: plain separators
+    shown = capsys.readouterr()
+    assert "|" in shown.out and "\x1b[" not in shown.out and "tokens" in shown.out  # not a terminal: plain separators
+    assert "pieces" not in shown.err  # one row
+    assert main(["segment", str(model_dir), TEXT, "--context", "11"]) == 0
+    assert f"(read in {-(-len(TEXT.encode()) // 10)} pieces of at most 10 bytes, each after its own BOS" in \
+        capsys.readouterr().err
     assert main(["segment", str(model_dir), TEXT, "--json", "--seed", "3"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["text"] == TEXT

@@ -72,6 +72,7 @@ def load(path: str, device: str):
 
 def run(args: argparse.Namespace) -> int:
     from .. import display
+    from ..hub import default_context
 
     data = read_text(args.text, args.file)
     if args.context is not None and args.context < 2:
@@ -107,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         threshold = f"threshold tau = {tau:.4f}; " if tau is not None else ""
         print(f"\n{len(seg.data):,} bytes, {n_tok:,} tokens ({len(seg.data) / max(n_tok, 1):.2f} bytes per token); "
               f"{threshold}{display.legend(colour)}")
+    context = args.context or default_context(model)
+    if len(seg.data) > context - 1:  # each piece starts afresh after BOS: say so, its first token is not the text's
+        pieces = -(-len(seg.data) // (context - 1))
+        print(f"(read in {pieces} pieces of at most {context - 1} bytes, each after its own BOS: the rows of "
+              f"{context} positions the model trained on)", file=sys.stderr)
     for path in (args.html, args.png):
         if path:
             print(f"wrote {path}", file=sys.stderr)
