@@ -94,12 +94,12 @@ class TrainConfig:
     flops_budget: float | None = None  # end where the training FLOPs reach this; training_bytes is re-planned to it
     #   after every step from the FLOPs per byte so far, so the cosine schedule ends there (learntok compare)
     weight_decay: float = 0.01  # AdamW (torch default)
-    beta1: float = 0.9
-    beta2: float = 0.999
+    beta1: float = 0.9  # AdamW's decay of the gradient's running mean
+    beta2: float = 0.999  # AdamW's decay of the squared gradient's running mean
     grad_clip: float = 1.0  # max global grad norm, applied once per optimizer step; 0 disables clipping
     max_bad_steps: int = 5  # stop (at the next log line) after this many steps in a row with a non-finite loss or gradient
-    seed: int = 0
-    sample_seed: int | None = None  # seed of the boundary draws (none: seed + 1)
+    seed: int = 0  # seed of the initial weights and the data order
+    sample_seed: int | None = None  # seed of the boundary draws (none: seed + 1);
     #   another value draws other boundaries from the same initialisation and data order: the spread between runs
     #   of one seed
     log_every: int = 10  # steps between metric lines (metrics.jsonl, averaged over the steps since the last)
@@ -111,9 +111,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # CPU threads of torch and of the boundary scan (0: their defaults)
     compile: bool = False  # torch.compile the three transformer stacks, both heads and the strategy's tensor maths (costs 40-90 s on a CPU)
-    parallel: str = "none"  # none | ddp | fsdp: data parallelism over torchrun's processes (docs/training.md)
+    parallel: str = "none"  # none | ddp | fsdp: data parallelism over torchrun's processes (docs/training.md);
     #   ddp: replicated weights, gradients all-reduced once per step; fsdp: FSDP2, weights/grads/moments sharded
-    precision: str = "fp32"  # fp32 | bf16: bf16 autocast, fp32 master weights (for GPUs; ~10x slower on a CPU)
+    precision: str = "fp32"  # fp32 | bf16: bf16 autocast, fp32 master weights (for GPUs; ~10x slower on a CPU);
     #   the loss, softcaps, policy logits and the boundary scan stay fp32
 
 
@@ -122,7 +122,8 @@ class DataConfig:
     """Where sequences come from."""
 
     source: str = "demo"  # demo (text shipped with Python) | a directory made by `learntok prepare`
-    mode: str = "paper"  # paper (documents of >= seq_len bytes, truncated) | packed
+    mode: str = "paper"  # paper (documents of >= seq_len bytes, truncated) | packed; prepared data only (the demo
+    #   corpus is one stream of text, read in windows)
     val_fraction: float = 0.05  # demo corpus only: held-out share of documents
 
 

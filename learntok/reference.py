@@ -14,18 +14,33 @@ from .config import BoundaryConfig, DataConfig, ModelConfig, TrainConfig, sectio
 
 README_MARKERS = ("<!-- config-reference:start -->", "<!-- config-reference:end -->")
 _FIELD = re.compile(r"^\s{4}(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$")  # `    name: type = default  # comment`
+_CONTINUED = re.compile(r"^\s{4}#\s{3}(.*)$")  # `    #   more`: the field above's comment goes on
+_ABOVE = re.compile(r"^\s{4}# ?(.*)$")  # `    # comment`: a comment block for the field below
 
 
 def _table(section: str, cls: type) -> list[str]:
-    """A heading with the first line of the class's docstring, then one row per key of the section."""
+    """A heading with the first line of the class's docstring, then one row per key of the section. A key's
+    meaning is the comment beside it and its continued lines, or else the comment block above it."""
     keys = section_keys(cls)
-    lines = [f"### `{section}`: {inspect.getdoc(cls).splitlines()[0]}", "", "| key | default | meaning |", "|---|---|---|"]
+    rows: dict[str, list] = {}  # name -> [default, comment lines]
+    above: list[str] = []
+    last = None
     for src in inspect.getsource(cls).splitlines():
-        m = _FIELD.match(src)
-        if m and m.group(1) in keys:
-            name, default, comment = m.groups()
-            meaning = (comment or "").replace("|", "\\|")  # a bare | would split the table cell
-            lines.append(f"| `{section}.{name}` | `{default}` | {meaning} |")
+        field, continued, comment = _FIELD.match(src), _CONTINUED.match(src), _ABOVE.match(src)
+        if field and field.group(1) in keys:
+            name, default, beside = field.groups()
+            rows[name] = [default, [beside] if beside else above]
+            above, last = [], name
+        elif continued and last is not None:
+            rows[last][1].append(continued.group(1))
+        elif comment:
+            above, last = above + [comment.group(1)], None
+        else:
+            above, last = [], None
+    lines = [f"### `{section}`: {inspect.getdoc(cls).splitlines()[0]}", "", "| key | default | meaning |", "|---|---|---|"]
+    for name, (default, comment) in rows.items():
+        meaning = " ".join(comment).replace("|", "\\|")  # a bare | would split the table cell
+        lines.append(f"| `{section}.{name}` | `{default}` | {meaning} |")
     return lines + [""]
 
 
