@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -185,6 +186,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, int) and value in (0, 1):  # YAML reads `1` as a number
+            return bool(value)
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{key}: expected a boolean, got {value!r}")
@@ -207,7 +210,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         if isinstance(value, (int, float)):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer written out beyond a float's range
+                raise ConfigError(f"{key}: {value} is too large for a number") from None
         if isinstance(value, str):
             try:
                 return float(value)
@@ -217,7 +223,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {value!r} (quote it to keep it as typed: {key}='...')")
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
@@ -225,7 +231,8 @@ def unknown_key(key: str, valid: list[str], also: Iterable[str] = ()) -> ConfigE
     """An unknown key, with the nearest valid one: in the same section by spelling, or the same name in
     another section (`train.d_model` -> `model.d_model`; `also`: keys beyond RunConfig's fields)."""
     leaf = key.split(".")[-1]
-    elsewhere = [p for p in [*_all_keys(RunConfig), *also] if p.split(".")[-1] == leaf]
+    # the same name among the valid keys first (`boundaries.mode` -> `boundaries.entropy.mode`), then elsewhere
+    elsewhere = [p for p in [*valid, *_all_keys(RunConfig), *also] if p.split(".")[-1] == leaf]
     close = difflib.get_close_matches(leaf, [v.split(".")[-1] for v in valid], n=1, cutoff=0.5)
     hint = ""
     if elsewhere:
@@ -319,15 +326,32 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """A YAML path, or the name of a shipped config (`cpu_default`, `paper_147m`, ...)."""
+    """A YAML file, or the name of a shipped config (`cpu_default`, `paper_147m_fineweb`, ...)."""
     path = Path(name_or_path)
-    if path.exists():
+    if path.is_file():
         return path
     shipped = CONFIG_DIR / f"{name_or_path}.yaml"
-    if shipped.exists():
+    if shipped.exists():  # also when a folder (an earlier run's) has the name
         return shipped
+    if path.exists():
+        return path  # a directory: read_yaml says so
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     raise ConfigError(f"config '{name_or_path}' is neither a file nor a shipped config ({', '.join(names)})")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's safe loader, except that a key given twice in one mapping (a section written twice, its first
+    values silently lost otherwise) is an error at the second."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen and key != "<<":
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_yaml(path: Path) -> Any:
@@ -343,7 +367,7 @@ def read_yaml(path: Path) -> Any:
         line = raw.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"{path}, line {line}: not UTF-8 text; a config is a YAML text file") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)  # syntax errors have a mark; a refused character a position
         line = mark.line + 1 if mark else text.count("\n", 0, getattr(e, "position", 0)) + 1
@@ -359,7 +383,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
         data = read_yaml(resolved) or {}  # an empty file changes nothing
         if not isinstance(data, dict):
             raise ConfigError(f"{resolved}: expected a mapping of sections (model:, train:, ...) at the top level, "
-                              f"got a {type(data).__name__}")
+                              f"got {type(data).__name__} {data!r:.40}")
         try:
             _apply(cfg, data)
         except ConfigError as e:
@@ -369,8 +393,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     else:
         for text in overrides or []:
             _apply(cfg, parse_override(text))
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        # a value the file set, not an override (every message starts with its key): name the file
+        key = re.match(r"[\w.]*", str(e)).group(0)
+        if path is None or key in _dotted_keys(overrides):
+            raise
+        raise ConfigError(f"{e} (config: {resolved})") from None
     return cfg
+
+
+def _dotted_keys(overrides: list[str] | dict | None) -> set[str]:
+    """The dotted keys that overrides set (`train.lr=3e-3` -> `train.lr`)."""
+    if isinstance(overrides, dict):
+        def walk(d: dict, prefix: str = "") -> list[str]:
+            return [k for name, v in d.items()
+                    for k in (walk(v, f"{prefix}{name}.") if isinstance(v, dict) else [f"{prefix}{name}"])]
+        return set(walk(overrides))
+    return {text.split("=", 1)[0].strip() for text in overrides or []}
 
 
 def from_dict(data: dict, *, trained: bool = False) -> RunConfig:

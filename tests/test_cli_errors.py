@@ -73,7 +73,7 @@ def test_resume_validates_the_saved_config_with_the_overrides(tmp_path, capsys):
     """A saved value refused today names its key, and an override given with --resume can replace it."""
     (tmp_path / "config.yaml").write_text("train:\n  eval_batches: 0\n")
     assert main(["train", "--resume", str(tmp_path)]) == 2
-    assert one_error_line(capsys, "train") == "train.eval_batches=0 must be >= 1"
+    assert one_error_line(capsys, "train") == f"train.eval_batches=0 must be >= 1 (config: {tmp_path / 'config.yaml'})"
     assert load_config(tmp_path / "config.yaml", ["train.eval_batches=1"]).train.eval_batches == 1
 
 

@@ -122,7 +122,9 @@ def test_every_number_in_the_config_has_a_range():
     (b"train: [\n", ", line 2: not valid YAML: expected the node content, but found '<stream end>'"),
     (b"train:\n  lr: \x00\n", ", line 2: not valid YAML: special characters are not allowed"),
     (b"train:\n  lr: 1e-3\n\xff\xfe\n", ", line 3: not UTF-8 text; a config is a YAML text file"),
-    (b"- a\n- b\n", ": expected a mapping of sections (model:, train:, ...) at the top level, got a list"),
+    (b"- a\n- b\n", ": expected a mapping of sections (model:, train:, ...) at the top level, got list ['a', 'b']"),
+    (b"train:\n  lr: 1e-3\nmodel: {}\ntrain:\n  seq_len: 64\n", ", line 4: not valid YAML: 'train' is given twice"),
+    (b"train:\n  lr: 1e-3\n  lr: 2e-3\n", ", line 3: not valid YAML: 'lr' is given twice"),
 ])
 def test_a_file_that_is_not_a_yaml_config_names_the_file_and_line(tmp_path, content, message):
     path = tmp_path / "mine.yaml"
@@ -130,8 +132,29 @@ def test_a_file_that_is_not_a_yaml_config_names_the_file_and_line(tmp_path, cont
     assert error_of(path) == f"{path}{message}"
 
 
-def test_a_directory_given_as_the_config_is_a_config_error(tmp_path):
+def test_a_directory_given_as_the_config_is_a_config_error(tmp_path, monkeypatch):
     assert error_of(tmp_path) == f"{tmp_path}: cannot read it (Is a directory); give a YAML file"
+    # a folder named as a shipped config (an earlier run's) does not hide the shipped config
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu_default").mkdir()
+    assert load_config("cpu_default") == load_config(CONFIG_DIR / "cpu_default.yaml")
+
+
+def test_a_value_out_of_range_in_a_file_names_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("train:\n  lr: 0.0\n")
+    assert error_of(path) == f"train.lr=0.0 must be > 0 (config: {path})"
+    assert error_of(path, ["train.seed=1"]) == f"train.lr=0.0 must be > 0 (config: {path})"
+    assert error_of(path, ["train.lr=-1"]) == "train.lr=-1.0 must be > 0"  # the override's value: no file to name
+
+
+def test_yaml_numbers_for_booleans_and_text_and_huge_integers():
+    assert load_config(None, ["train.tensorboard=0"]).train.tensorboard is False
+    assert load_config(None, ["train.tensorboard=1"]).train.tensorboard is True
+    assert error_of(None, ["train.tensorboard=2"]) == "train.tensorboard: expected a boolean, got 2"
+    assert error_of(None, ["data.source=2024"]) == ("data.source: expected a string, got 2024 (quote it to keep it "
+                                                    "as typed: data.source='...')")
+    assert error_of(None, ["train.lr=1" + "0" * 400]) == f"train.lr: 1{'0' * 400} is too large for a number"
 
 
 def test_an_override_value_that_is_not_yaml_is_taken_as_its_text():
@@ -221,6 +244,8 @@ def test_yaml_sections_and_sections_of_other_strategies(tmp_path):
     ("boundaries.uniform.lags=1", "unknown config key 'boundaries.uniform.lags'; did you mean 'boundaries.learned.lags'?"),
     ("boundaries.learned=5", "boundaries.learned: expected a mapping of its options, got 5"),
     ("boundaries.name=lerned", "unknown boundary strategy 'lerned'"),
+    # a name in several sections: its own section's first
+    ("boundaries.mode=monotonic", "unknown config key 'boundaries.mode'; did you mean 'boundaries.entropy.mode'?"),
 ])
 def test_unknown_sections_and_options_name_the_nearest_key(override, message):
     assert message in error_of(None, [override])
