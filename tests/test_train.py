@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -421,6 +422,39 @@ def test_a_run_of_bad_steps_before_a_checkpoint_still_stops_the_resumed_run(tmp_
     assert resumed.step == 4
 
 
+def test_one_row_per_batch_gives_the_policy_no_baseline_and_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"train.batch_size=1: the policy's baseline \(batch_centering=mean\) .* "
+                                         r"the policy would not learn"):
+        tiny_trainer(tmp_path / "run", batch_size=1)
+    tiny_trainer(tmp_path / "uniform", strategy="uniform", batch_size=1)  # no policy: one row trains
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    from learntok.commands import train_command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_command.time, "strftime", lambda fmt: "20260101-120000")
+    made = [train_command._new_run_dir("tiny") for _ in range(3)]
+    assert made == [Path("runs/tiny-20260101-120000"), Path("runs/tiny-20260101-120000-2"),
+                    Path("runs/tiny-20260101-120000-3")]
+    assert all(p.is_dir() for p in made)
+
+
+def test_a_small_flops_budget_plans_its_steps_and_notes_a_warm_up_it_outlasts(tmp_path, capsys):
+    """With train.flops_budget the run's length is planned from the budget at the start (the config's
+    training_bytes, 3e6 by default, says nothing about it): the steps printed are those it trains, and a
+    warm-up longer than the run is noted."""
+    args = ["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "run"), "--no-progress",
+            "model.d_model=32", "model.n_heads=2", "train.seq_len=64", "train.batch_size=2", "train.flops_budget=2.7e8",
+            "train.checkpoint_every=0", "train.tensorboard=false"]
+    assert cli_main(args) == 0
+    shown = capsys.readouterr()
+    planned = int(re.search(r"about (\d+) steps of 2 x 64 bytes", shown.out).group(1))
+    trained = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]["step"]
+    assert abs(trained - planned) <= 2
+    assert "outlasts the run (about" in shown.err and "planned from train.flops_budget=2.7e+08" in shown.err
+
+
 # --- prepared data, end to end -------------------------------------------------------------------
 
 def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
@@ -441,7 +475,12 @@ def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):
     # a run directory that is a file is named as such
     (tmp_path / "afile").write_text("")
     assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "afile"), "--no-progress"]) == 2
-    assert "--run-dir " + str(tmp_path / "afile") + " is a file, not a folder" in capsys.readouterr().err
+    assert f"--run-dir {tmp_path / 'afile'}: {tmp_path / 'afile'} is a file, not a folder" in capsys.readouterr().err
+    assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(tmp_path / "afile" / "run")]) == 2
+    assert f"--run-dir {tmp_path / 'afile' / 'run'}: {tmp_path / 'afile'} is a file" in capsys.readouterr().err
+    # a run continues in its own directory
+    assert cli_main(["train", "--resume", str(run_dir), "--run-dir", str(tmp_path / "elsewhere")]) == 2
+    assert "give --resume RUN_DIR alone" in capsys.readouterr().err
     # nor another kind of data source, whose stream has another state
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "data.source=demo"]) == 2
     assert "data.source='demo' is another kind of source; resume with the one it trained on" in capsys.readouterr().err

@@ -16,6 +16,7 @@ Several processes: `torchrun --nproc-per-node N -m learntok.cli train --config .
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def _run(args: argparse.Namespace) -> int:
     say = print if main else (lambda *a, **k: None)
     try:
         if args.resume:
+            if args.run_dir:
+                raise ConfigError("--resume continues the run in its own directory; give --resume RUN_DIR alone")
             run_dir = Path(args.resume)
             saved = run_dir / "config.yaml"
             if not saved.exists():
@@ -72,17 +75,29 @@ def _run(args: argparse.Namespace) -> int:
             if not args.config:
                 raise ConfigError("give --config FILE (or --resume RUN_DIR)")
             cfg = load_config(args.config, args.overrides)
-            run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{_timestamp()}")
-            if run_dir.exists() and not run_dir.is_dir():
-                raise CommandError(f"--run-dir {run_dir} is a file, not a folder; choose another --run-dir")
-            trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
+            if args.run_dir:
+                run_dir = Path(args.run_dir)
+                blocking = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
+                if blocking is not None:
+                    raise CommandError(f"--run-dir {run_dir}: {blocking} is a file, not a folder; choose another --run-dir")
+            else:
+                run_dir = _new_run_dir(Path(args.config).stem)
+            try:
+                trainer = Trainer(cfg, run_dir, progress=not args.no_progress)
+            except ValueError:
+                if not args.run_dir and main and not any(run_dir.iterdir()):
+                    run_dir.rmdir()  # made for this run, which could not start
+                raise
     except ValueError as e:  # a ConfigError, or settings the trainer cannot run with (flex attention on a CPU)
         raise CommandError(str(e)) from None
     t = cfg.train
     n_params = sum(p.numel() for p in trainer.model.parameters())
     tb = ("; TensorBoard: tensorboard/" if trainer.metrics.writer is not None else
           "; TensorBoard not installed (pip install 'learntok[tensorboard]')" if t.tensorboard else "")
-    say(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters; {trainer.total_steps} steps of "
+    steps = trainer.total_steps
+    if t.flops_budget is not None and trainer.step == 0:  # planned from the budget; re-planned as FLOPs are counted
+        steps = f"about {math.ceil(trainer.planned_bytes() / (t.batch_size * t.seq_len))}"
+    say(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters; {steps} step{'s' if steps != 1 else ''} of "
           f"{t.batch_size} x {t.seq_len} bytes" + (f" in {t.micro_batches} micro-batches" if t.micro_batches > 1 else "")
           + (f" on {trainer.dist.world_size} process{'es' if trainer.dist.world_size > 1 else ''} ({t.parallel})"
              if trainer.dist.enabled else "")
@@ -100,12 +115,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _timestamp() -> str:
-    """The run's start time, the same on every rank (rank 0's, sent to the others under torchrun)."""
+def _new_run_dir(stem: str) -> Path:
+    """runs/<stem>-<start time>, made here so that a run started in the same second as another gets a folder
+    of its own (-2, -3, ...); the same on every rank (rank 0's, sent to the others under torchrun)."""
+    import itertools
     import os
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = None
+    if os.environ.get("RANK", "0") == "0":
+        base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count(1):
+            candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                candidate.mkdir()  # atomic: of two runs asking for one name, one gets it
+            except FileExistsError:
+                continue
+            name = str(candidate)
+            break
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from ..train.distributed import init_distributed
         info, _ = init_distributed("auto", "ddp")  # joins the group early (the Trainer reuses it)
-        stamp = info.broadcast_object(stamp)
-    return stamp
+        name = info.broadcast_object(name)
+    return Path(name)

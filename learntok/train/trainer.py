@@ -114,12 +114,13 @@ class Trainer:
                              "use model.attention=blocked")
         if t.precision == "bf16" and self.device.type == "cpu":
             warnings.warn("train.precision=bf16 on a CPU: bf16 autocast is about 10x slower there than fp32", stacklevel=2)
-        if t.warmup_bytes >= t.training_bytes and self.dist.rank == 0 and not resume:  # a short try, or a small budget
-            print(f"note: the warm-up (train.warmup_bytes={t.warmup_bytes:g}) outlasts the run (train.training_bytes="
-                  f"{t.training_bytes:g}): the learning rate ends at {lr_at(t.training_bytes, t) / t.lr:.0%} of its "
-                  f"peak and never decays", file=sys.stderr)
         # the same initialisation on every rank (same seed); FSDP then keeps each rank's shards
         self.model = parallelize(build_model(cfg).to(self.device), cfg, self.dist)
+        centering = getattr(getattr(self.model.boundaries, "options", None), "batch_centering", None)
+        if centering in ("mean", "leave_one_out") and t.batch_size * cfg.boundaries.group_size < 2:
+            raise ValueError(f"train.batch_size={t.batch_size}: the policy's baseline (batch_centering={centering}) "
+                             f"is the mean over the batch's rows at each position, and one row's advantage is then 0: "
+                             f"the policy would not learn; use 2 or more rows")
         # fused: one kernel per step, and `found_inf` lets it skip a non-finite step without a host sync
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2),
                                            weight_decay=t.weight_decay, fused=True)
@@ -139,6 +140,12 @@ class Trainer:
         self._bad = torch.zeros(3, dtype=torch.long, device=self.device)
         self.bytes_per_step = t.batch_size * t.seq_len
         self.total_steps = self._steps_to_go()
+        planned = self.planned_bytes()
+        if t.warmup_bytes >= planned and self.dist.rank == 0 and not resume:  # a short try, or a small budget
+            length = (f"about {planned:.3g} bytes, planned from train.flops_budget={t.flops_budget:g}"
+                      if t.flops_budget is not None else f"train.training_bytes={t.training_bytes:g}")
+            print(f"note: the warm-up (train.warmup_bytes={t.warmup_bytes:g}) outlasts the run ({length}): the "
+                  f"learning rate ends at {lr_at(planned, t) / t.lr:.0%} of its peak and never decays", file=sys.stderr)
         self.metrics = MetricsLog(self.run_dir, tensorboard=t.tensorboard)
         self.metrics_path = self.metrics.path
         self._window: dict = {"sums": {}, "n": 0}  # metric sums since the last log line (checkpointed)
@@ -430,6 +437,16 @@ class Trainer:
         if self.cfg.train.flops_budget is not None:
             self._plan_to_budget()
         return metrics
+
+    def planned_bytes(self) -> float:
+        """The bytes the run trains: `training_bytes`; with a FLOPs budget, at first the bytes it buys at the
+        model's FLOPs per byte with tokens at the target rate (as it goes, `_plan_to_budget` re-plans them from
+        the FLOPs per byte so far)."""
+        t = self.cfg.train
+        if t.flops_budget is None or self.bytes_seen:
+            return t.training_bytes
+        per_byte = self.model.flops(1, 0) + self.model.flops(0, 1) * self.cfg.boundaries.target_rate
+        return t.flops_budget / per_byte
 
     def _plan_to_budget(self) -> None:
         """Stop after this step once the FLOPs reach `train.flops_budget`; until then re-plan `training_bytes`
