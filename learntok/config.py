@@ -239,7 +239,8 @@ def unknown_key(key: str, valid: list[str], also: Iterable[str] = ()) -> ConfigE
         hint = f"; did you mean '{elsewhere[0]}'?"
     elif close:
         hint = f"; did you mean '{next(v for v in valid if v.split('.')[-1] == close[0])}'?"
-    return ConfigError(f"unknown config key '{key}'{hint} (valid here: {', '.join(valid) or 'none'})")
+    shown = ", ".join(valid[:12]) + (f", ... ({len(valid)} in all; README lists them)" if len(valid) > 12 else "")
+    return ConfigError(f"unknown config key '{key}'{hint} (valid here: {shown or 'none'})")
 
 
 def section_keys(cls: type) -> list[str]:
