@@ -26,8 +26,9 @@ what it is batched with (tested to float tolerance).
   completeness.
 * ``quantile``: ``a_i = [l_i > tau]`` with one global logit threshold ``tau`` calibrated on text
   (:meth:`UNetScorer.calibrate`; `learntok eval` uses the run's training split, not the text it
-  scores) so that the realised rate of the policy's decisions equals its target rate. Deterministic and causal. (A per-sequence top-k at the target rate would hit the rate
-  exactly but looks at the whole row, i.e. at later bytes: not causal, so not offered.)
+  scores) so that the realised rate of the policy's decisions equals its target rate. Deterministic
+  and causal. (A per-sequence top-k at the target rate would hit the rate exactly but looks at the
+  whole row, i.e. at later bytes: not causal, so not offered.)
 
 All three modes are the same mechanism: the learned policy compares its logit with
 ``logit(u_i)``; ``threshold`` uses ``u_i = 0.5``, ``quantile`` ``u_i = sigmoid(tau)``.
