@@ -42,9 +42,10 @@ the whole batch like `uniforms`; its FLOPs are returned as the metric "baseline_
 
 Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
 global counts (rows, valid bytes, real bytes), as the denominators, and `reduce`, which sums the
-strategy's batch statistics over ranks before phase 2 (and its running state's statistics in `update`). Each rank's loss is then its part of the global
-loss, the gradients add up over ranks (SUM), and the returned metrics are this rank's parts of the global
-batch's (summed over ranks they give them; the strategy's own metrics are weighted by rows).
+strategy's batch statistics over ranks before phase 2 (and its running state's statistics in `update`).
+Each rank's loss is then its part of the global loss, the gradients add up over ranks (SUM), and the
+returned metrics are this rank's parts of the global batch's (summed over ranks they give them; the
+strategy's own metrics are weighted by rows).
 """
 
 from __future__ import annotations
