@@ -121,6 +121,8 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     context = context or default_context(model)
     if context < 2:
         raise ValueError(f"context must be >= 2 positions (BOS and a byte), got {context}")
+    if not data:  # no decision to make (nor a threshold to calibrate)
+        return Segmentation(data, [], [])
     if constant and boundaries == "quantile" and tau is None:
         tau = quantile_threshold(model, data, context)
     # a constant uniform u turns each sampled decision into p > u: u = 0.5 thresholds, sigmoid(tau) is logit > tau

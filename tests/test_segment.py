@@ -120,6 +120,7 @@ def test_quantile_segment(model):
     assert seg.boundaries == [p > u for p in seg.probs]
     assert seg != segment(model, TEXT, boundaries="threshold")  # not p > 0.5: the rate decides
     assert not any(segment(model, TEXT, boundaries="quantile", tau=30.0).boundaries)
+    assert segment(model, "", boundaries="quantile") == Segmentation(b"", [], [])  # nothing to calibrate on: nothing to do
     assert all(segment(model, TEXT, boundaries="quantile", tau=-30.0).boundaries)
 
 

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model, args.device)
     tau = None  # a fixed rule has no threshold
     try:
-        if args.boundaries == "quantile" and model.boundaries.stochastic:
+        if args.boundaries == "quantile" and model.boundaries.stochastic and data:  # (empty text: no threshold)
             tau = args.tau if args.tau is not None else display.quantile_threshold(model, data, args.context)
         seg = display.segment(model, data, seed=args.seed, context=args.context, boundaries=args.boundaries, tau=tau)
     except ValueError as e:
