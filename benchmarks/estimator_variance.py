@@ -208,13 +208,14 @@ def variance_table(model: ByteUNet, batch, gen, samples: int, reference_samples:
     print("|---|---|---|---|---|---|")
     paper_cost = None
     for name, options in VARIANTS.items():
-        if batch.inputs.shape[0] % options.get("group_size", 1):
-            continue
+        rows = batch.inputs.shape[0]
+        if rows % options.get("group_size", 1) or int(rows * options.get("draw_share", 1.0)) < 1:
+            continue  # groups that do not divide the rows, or a share of them that is no row
         estimates = [policy_gradient(model, batch, gen, options) for _ in range(samples)]
         grads = torch.stack([g for g, _ in estimates])
         flops = sum(f for _, f in estimates) / len(estimates)
         mean = grads.mean(0)
-        variance = (grads - mean).pow(2).sum(1).mean() / ref_norm2
+        variance = (grads - mean).pow(2).sum(1).sum() / (len(grads) - 1) / ref_norm2  # unbiased (n - 1)
         paper_cost = paper_cost or float(variance) * flops  # "full" comes first
         cos_single = torch.nn.functional.cosine_similarity(grads, reference[None], dim=1).mean()
         cos_mean = torch.nn.functional.cosine_similarity(mean, reference, dim=0)
@@ -235,8 +236,13 @@ def main() -> None:
                    help="boundary draws (>= 2) for the split of the advantage into text and draw parts (0: skip)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
-    if args.decompose_draws == 1 or min(args.samples, args.decompose_draws) < 0:
-        raise SystemExit("--decompose-draws must be 0 or at least 2, --samples at least 0")
+    if args.decompose_draws == 1 or min(args.samples, args.decompose_draws) < 0 or args.samples == 1:
+        raise SystemExit("--decompose-draws must be 0 or at least 2, --samples 0 or at least 2")
+    if args.rows is not None and args.rows < 4:
+        raise SystemExit("--rows must be at least 4: with the batch-mean baseline two rows' advantages are each "
+                         "other's negatives, and the ridge fits on half the rows would say nothing")
+    if args.checkpoint and args.overrides:
+        raise SystemExit(f"--checkpoint uses the run's own config; the overrides {args.overrides} would be ignored")
     if args.checkpoint:
         model, cfg = load_model(args.checkpoint)
     else:

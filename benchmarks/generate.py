@@ -176,6 +176,7 @@ def greedy_requests(model, cfg, what: str, args) -> int:
                 for _ in range(args.requests)]
     print(f"model: {what}; {model.boundaries.name} boundaries; {len(requests)} requests of up to {args.bytes} bytes, "
           f"rows of {T} positions; torch threads {torch.get_num_threads()}")
+    scorer.greedy_batch(requests[:1])  # warm-up, as the full forward below runs warm: first calls cost ~0.7 s
     t0 = time.perf_counter()
     cached = scorer.greedy_batch(requests)
     cached_s = time.perf_counter() - t0

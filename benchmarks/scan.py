@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numba
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,7 +52,8 @@ def main():
     device = torch.device(args.device)
     fast = [x.to(device) for x in (base, lag, thr)]
     kernel = "Triton" if device.type == "cuda" else "numba"
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    # the CPU scan is numba's (parallel over rows): its threads, not torch's (NUMBA_NUM_THREADS sets them)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{numba.get_num_threads()} numba threads"
     print(f"scan {B} x {T}, w = {w}, {where}")
     print(f"  compiled ({kernel}): {timed(lambda: scan_boundaries(*fast), args.repeats, device):.3f} ms")
     if device.type == "cuda":
@@ -61,7 +63,7 @@ def main():
         print(f"  one chain of {T} steps per row (Triton): {timed(chain, args.repeats, device):.3f} ms, "
               f"equal: {torch.equal(chain().cpu(), on_cpu)}")
     if args.reference:
-        small = 4
+        small = min(4, B)
         ms = timed(lambda: scan_reference(base[:small], lag[:small], thr[:small]), 1, torch.device("cpu")) * B / small
         print(f"  Python reference: {ms:.0f} ms (extrapolated from {small} rows)")
 
