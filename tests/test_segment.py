@@ -330,6 +330,19 @@ def test_generate_command(model_dir, capsys):
     assert capsys.readouterr().out == "Hi\n"
 
 
+def test_a_model_whose_boundaries_come_from_the_data_says_how_to_score_it(tmp_path, capsys):
+    """A `file` model cannot make boundaries for new text: segment, score and generate say so, and point to
+    what can score it (held-out text that brings its track), before printing anything else."""
+    cfg = tiny_config(name="file")
+    save_pretrained(ByteUNet(cfg.model, cfg.boundaries), tmp_path / "file_model")
+    for argv in (["segment", str(tmp_path / "file_model"), "some text"],
+                 ["score", str(tmp_path / "file_model"), "some text"],
+                 ["generate", str(tmp_path / "file_model"), "-n", "3"]):
+        assert main(argv) == 2
+        shown = capsys.readouterr()
+        assert shown.out == "" and "learntok eval" in shown.err and "--data DIR" in shown.err, argv
+
+
 def test_output_to_an_ascii_terminal_escapes_what_it_cannot_show(model_dir, monkeypatch):
     """With LANG=C or PYTHONIOENCODING=ascii the commands print a character's escape, not a traceback."""
     import io

@@ -48,6 +48,8 @@ class SuppliedBoundaries(BoundaryStrategy):
         return None
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> object:
+        instead = ("score or segment text instead" if self.can_segment else
+                   "score held-out text that brings them instead: learntok eval --data DIR")
         raise NotImplementedError(
             f"boundary strategy {self.name!r} cannot generate: its boundaries come from the data, and deciding them "
-            f"byte by byte would not give the boundaries it was trained with (score or segment text instead)")
+            f"byte by byte would not give the boundaries it was trained with ({instead})")

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "anything else is refused (default: runs/demo)")
     p.add_argument("--max-minutes", type=float, default=7.5,
                    help="stop training after this long whatever the schedule says (default 7.5)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", help="dotted config overrides on top of cpu_default")
 
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.model.n_down_layers}/{cfg.model.n_mid_layers}/{cfg.model.n_up_layers} layers) learns where tokens end,\n"
           f"trained for {t.training_bytes / 1e6:.1f}M bytes on English prose shipped with Python (help topics and\n"
           f"standard-library docstrings). About 4 minutes on 2 idle CPU cores; training stops at {args.max_minutes:g} "
-          f"minutes at most, so the whole demo ends within 10.")
+          f"minutes at most, and evaluation takes a minute or two more.")
     if run_dir.exists():  # an earlier run (or nothing): start afresh rather than append to it
         shutil.rmtree(run_dir)
     try:

@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compile the per-byte step (torch.compile) first: 70-90 s on a CPU (30-50 s with "
                         "TORCHINDUCTOR_MAX_AUTOTUNE=0, a little slower per byte), then several times faster per "
                         "byte; worth it for long outputs")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
 
 
 def run(args: argparse.Namespace) -> int:

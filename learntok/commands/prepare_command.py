@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="auto", choices=FORMATS,
                         help="input format; auto detects it from each file name (default: auto)")
     parser.add_argument("--field", default="text",
-                        help="JSON/Parquet/HF field holding the text: text (FineWeb), content (CodeParrot)")
+                        help="JSON/Parquet/HF field holding the text (default: text, as FineWeb; CodeParrot: content)")
     parser.add_argument("--val-fraction", type=float, default=0.01,
                         help="fraction of documents in the validation split (default: 0.01)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default: 0)")

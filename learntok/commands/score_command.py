@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import CommandError
-from .segment_command import MODEL_HELP, load
+from .segment_command import MODEL_HELP, load, refuse_text_without_boundaries
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=1,
                    help="boundary draws to average over, each a stream of random numbers by position that --seed "
                         "fixes, the same for every text (default 1; a deterministic strategy draws once)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the boundary draws (default 0)")
     p.add_argument("--context", type=int, default=None, metavar="N",
                    help="bytes per forward pass; longer documents are scored in windows overlapping by half, "
                         "as learntok eval does (default: the training sequence length)")
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model's layers first (about a minute on a CPU, then each forward pass "
                         "about 1.5x faster: for many documents)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
 
 
 def documents(texts: list[str], files: list[str], field: str, limit: int | None) -> Iterator[tuple[str, bytes]]:
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if min(args.samples, args.batch_size, args.context or 1) < 1:
         raise CommandError("--samples, --batch-size and --context must be >= 1")
     model = load(args.model, args.device)
+    refuse_text_without_boundaries(model)
     if args.compile:
         model.compile_layers(dynamic=True)  # as `learntok eval --compile`
     total_bits = total_bytes = 0.0

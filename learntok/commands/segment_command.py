@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print JSON (bytes, characters, probabilities, boundaries, tokens) instead of the text")
     p.add_argument("--colour", "--color", choices=("auto", "always", "never"), default="auto",
                    help="colours in the terminal (auto: when writing to a terminal and NO_COLOR is unset)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
 
 
 def read_text(text: str | None, file: str | None) -> bytes:
@@ -57,6 +57,16 @@ def read_text(text: str | None, file: str | None) -> bytes:
     if sys.stdin.isatty():
         raise CommandError("give a TEXT, --file F, or pipe text into standard input")
     return sys.stdin.buffer.read()
+
+
+def refuse_text_without_boundaries(model) -> None:
+    """A CommandError for a model whose strategy takes its boundaries from the data and cannot make them
+    for new text (`file`; `bpe` without its tokenizer): only text that brings them can be scored."""
+    if not model.boundaries.can_segment:
+        raise CommandError(f"the {model.boundaries.name!r} strategy takes its boundaries from the data and cannot "
+                           f"make them for new text ({model.boundaries.without_segmenter}); score held-out text that "
+                           f"brings them: learntok eval --checkpoint RUN --data DIR, DIR a prepared directory with "
+                           f"its {model.boundaries.supplied_track!r} track")
 
 
 def load(path: str, device: str):
@@ -80,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tau is not None and args.boundaries != "quantile":
         raise CommandError("--tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)
+    refuse_text_without_boundaries(model)
     tau = None  # a fixed rule has no threshold
     try:
         if args.boundaries == "quantile" and model.boundaries.stochastic and data:  # (empty text: no threshold)

@@ -108,8 +108,8 @@ def _run(args: argparse.Namespace) -> int:
     except (NonFiniteError, CheckpointError) as e:  # a run stopped by an error, not by its settings
         raise CommandError(str(e), status=1) from None
     if last and "bpb" in last:
-        say(f"step {last['step']}: train bpb {last['bpb']:.3f}, held-out bpb {last.get('val_bpb', float('nan')):.3f}, "
-              f"boundary rate {last['boundary_rate']:.3f}")
+        heldout = f"held-out bpb {last['val_bpb']:.3f}, " if "val_bpb" in last else ""  # none when stopped early
+        say(f"step {last['step']}: train bpb {last['bpb']:.3f}, {heldout}boundary rate {last['boundary_rate']:.3f}")
     if trainer.stopped_by is not None:
         return 128 + trainer.stopped_by
     return 0
