@@ -113,6 +113,8 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     if boundaries not in BOUNDARY_MODES:
         raise ValueError(f"unknown boundaries {boundaries!r}; choose one of {', '.join(BOUNDARY_MODES)}")
     strategy = model.boundaries
+    if not strategy.can_segment:  # a user's segmentation file: it has no boundaries for new text
+        raise ValueError(strategy.cannot_segment)
     constant = boundaries != "sampled" and strategy.stochastic  # one uniform for every decision
     if constant and not strategy.thresholdable:
         raise ValueError(f"the {strategy.name!r} strategy has no per-byte boundary probability to threshold; "

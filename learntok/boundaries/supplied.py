@@ -42,14 +42,21 @@ class SuppliedBoundaries(BoundaryStrategy):
         """Whether the strategy can make boundaries for text that comes without them (scoring, evaluation)."""
         return False
 
+    @property
+    def cannot_segment(self) -> str:
+        """Why text that comes without boundaries cannot be segmented, scored or continued, and what scores
+        this model instead (for the message of a strategy that cannot segment)."""
+        return (f"the {self.name!r} strategy takes its boundaries from the data and cannot make them for new text "
+                f"({self.without_segmenter}); score held-out text that brings them: learntok eval --checkpoint RUN "
+                f"--data DIR, DIR a prepared directory with its {self.supplied_track!r} track")
+
     def segment(self, inputs: torch.Tensor) -> torch.Tensor | None:
         """Boundaries for `inputs` (B, T) that came without any, as the data pipeline would have made
         them; None where the strategy cannot (a user's segmentation file)."""
         return None
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> object:
-        instead = ("score or segment text instead" if self.can_segment else
-                   "score held-out text that brings them instead: learntok eval --data DIR")
+        instead = "score or segment text instead" if self.can_segment else self.cannot_segment
         raise NotImplementedError(
             f"boundary strategy {self.name!r} cannot generate: its boundaries come from the data, and deciding them "
             f"byte by byte would not give the boundaries it was trained with ({instead})")

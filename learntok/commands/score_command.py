@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import CommandError
-from .segment_command import MODEL_HELP, load, refuse_text_without_boundaries
+from .segment_command import MODEL_HELP, load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if min(args.samples, args.batch_size, args.context or 1) < 1:
         raise CommandError("--samples, --batch-size and --context must be >= 1")
     model = load(args.model, args.device)
-    refuse_text_without_boundaries(model)
+    if not model.boundaries.can_segment:  # said before the table's header is printed
+        raise CommandError(model.boundaries.cannot_segment)
     if args.compile:
         model.compile_layers(dynamic=True)  # as `learntok eval --compile`
     total_bits = total_bytes = 0.0

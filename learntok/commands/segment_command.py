@@ -59,16 +59,6 @@ def read_text(text: str | None, file: str | None) -> bytes:
     return sys.stdin.buffer.read()
 
 
-def refuse_text_without_boundaries(model) -> None:
-    """A CommandError for a model whose strategy takes its boundaries from the data and cannot make them
-    for new text (`file`; `bpe` without its tokenizer): only text that brings them can be scored."""
-    if not model.boundaries.can_segment:
-        raise CommandError(f"the {model.boundaries.name!r} strategy takes its boundaries from the data and cannot "
-                           f"make them for new text ({model.boundaries.without_segmenter}); score held-out text that "
-                           f"brings them: learntok eval --checkpoint RUN --data DIR, DIR a prepared directory with "
-                           f"its {model.boundaries.supplied_track!r} track")
-
-
 def load(path: str, device: str):
     from ..hub import from_pretrained
     from ..train.checkpoint import CheckpointError
@@ -90,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
     if args.tau is not None and args.boundaries != "quantile":
         raise CommandError("--tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)
-    refuse_text_without_boundaries(model)
     tau = None  # a fixed rule has no threshold
     try:
         if args.boundaries == "quantile" and model.boundaries.stochastic and data:  # (empty text: no threshold)
