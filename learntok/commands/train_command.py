@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
           "; TensorBoard not installed (pip install 'learntok[tensorboard]')" if t.tensorboard else "")
     steps = trainer.total_steps
     if t.flops_budget is not None and trainer.step == 0:  # planned from the budget; re-planned as FLOPs are counted
-        steps = f"about {math.ceil(trainer.planned_bytes() / (t.batch_size * t.seq_len))}"
+        steps = f"about {math.ceil(trainer.planned_bytes() / trainer.bytes_per_step)}"
     say(f"{trainer.data.description}\n{n_params / 1e6:.2f}M parameters; {steps} step{'s' if steps != 1 else ''} of "
           f"{t.batch_size} x {t.seq_len} bytes" + (f" in {t.micro_batches} micro-batches" if t.micro_batches > 1 else "")
           + (f" on {trainer.dist.world_size} process{'es' if trainer.dist.world_size > 1 else ''} ({t.parallel})"
