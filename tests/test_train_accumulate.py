@@ -14,6 +14,7 @@ from learntok.boundaries.word_start import word_start_boundaries
 from learntok.data.batch import BOS, PAD, Batch
 from learntok.unet import ByteUNet
 from learntok.data.batch import split_rows
+from learntok.eval.sequences import evaluate
 from learntok.objectives import LN2, masked_mean
 from learntok.train.accumulate import accumulate_gradients, log_likelihoods
 from learntok.train.trainer import Trainer
@@ -68,13 +69,26 @@ def plain_loss(model, batch, u):
                                                  reduction="none")
         aux["word_start"] = (model.cfg.lambda_word_start, masked_mean(nll, batch.valid))
         loss = loss + model.cfg.lambda_word_start * aux["word_start"][1]
-    real = (batch.inputs != PAD).repeat_interleave(out.draws, 0)
     metrics = {"loss": loss.detach(), "bpb": loss_auto.detach() / LN2, "early_bpb": loss_early.detach() / LN2,
-               "boundary_rate": masked_mean(out.boundaries.a.float(), real), "tokens": torch.tensor(out.tok_real.numel()),
+               "boundary_rate": masked_mean(out.boundaries.a.float(), loss_inputs.decided), "tokens": torch.tensor(out.tok_real.numel()),
                "token_slots": torch.tensor(out.tok_pos.numel()), "bytes": batch.valid.sum(),
                **{f"loss_{k}": v.detach() for k, (_, v) in aux.items()},
                **model.boundaries.metrics(out.boundaries, loss_inputs)}
     return loss, metrics
+
+
+def test_boundary_rate_counts_the_strategys_decisions_only():
+    """A worked example, packed: row 0 is BOS "ab cd" and padding, row 1 is BOS "xy" then a second
+    document, BOS "zw". Whitespace boundaries fall on the forced positions (each BOS) and on the space:
+    one boundary in the nine bytes whose boundary the strategy decides (a, b, space, c, d; x, y, z, w),
+    the rate the target-rate loss aims at. Counting the forced ones too would give 4 in 12."""
+    batch = Batch.from_sequences(torch.tensor([[BOS, *b"ab cd", PAD, PAD], [BOS, *b"xy", BOS, *b"zw", PAD, PAD]]))
+    batch.doc_start = batch.inputs == BOS
+    batch.doc_start[:, 0] = False  # position 0 is forced anyway
+    assert batch.decided.sum() == 9
+    model = model_for(name="whitespace")
+    assert float(accumulate_gradients(model, batch, 1)["boundary_rate"]) == pytest.approx(1 / 9)
+    assert evaluate(model, [batch])["boundary_rate"] == pytest.approx(1 / 9)
 
 
 def one_pass(model, batch, u):

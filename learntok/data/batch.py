@@ -31,6 +31,16 @@ class Batch:
         """(B, T) bool: positions that have a target."""
         return self.targets != PAD
 
+    @property
+    def decided(self) -> torch.Tensor:
+        """(B, T) bool: the real input bytes whose boundary a strategy chooses; the model forces one at
+        position 0 and at document starts. A boundary rate counts these, as the target-rate loss does."""
+        forced = torch.zeros_like(self.inputs, dtype=torch.bool)
+        forced[:, 0] = True
+        if self.doc_start is not None:
+            forced |= self.doc_start
+        return (self.inputs != PAD) & ~forced
+
     def to(self, device: torch.device | str) -> "Batch":
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return Batch(move(self.inputs), move(self.targets), move(self.doc_start), move(self.boundaries))

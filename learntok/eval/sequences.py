@@ -71,11 +71,11 @@ def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, de
                     continue
             batch = batch.to(device)
             res = _score(model, batch, gen, uniforms)
-            real = batch.inputs != PAD
+            decided = (batch.inputs != PAD) & ~res.forced  # forced boundaries are not the strategy's
             sums[2 * s] += res.nll.sum() / LN2
             sums[2 * s + 1] += batch.valid.sum()
-            sums[-3] += res.boundaries[real].sum()
-            sums[-2] += real.sum()
+            sums[-3] += res.boundaries[decided].sum()
+            sums[-2] += decided.sum()
             rows = slice(first_row[i], first_row[i + 1])
             per_row[0, rows] += res.nll / LN2
             if s == 0:  # the byte level does not depend on the boundaries

@@ -41,8 +41,8 @@ policy's `draw` centering) runs in phase 1 on h_m without a graph, from `baselin
 the whole batch like `uniforms`; its FLOPs are returned as the metric "baseline_flops".
 
 Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
-global counts (rows, valid bytes, real bytes), as the denominators, and `reduce`, which sums the
-strategy's batch statistics over ranks before phase 2 (and its running state's statistics in `update`).
+global counts (rows, valid bytes, bytes whose boundary the strategy decides), as the denominators, and
+`reduce`, which sums the strategy's batch statistics over ranks before phase 2 (and its running state's statistics in `update`).
 Each rank's loss is then its part of the global loss, the gradients add up over ranks (SUM), and the
 returned metrics are this rank's parts of the global batch's (summed over ranks they give them; the
 strategy's own metrics are weighted by rows).
@@ -86,7 +86,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     where the strategy makes a second draw).
     `uniforms` (B, T): the draws of a sampling strategy for the whole batch; `baseline_uniforms` (B, T):
     those of its second draw, where it makes one (rows it does not choose are not read).
-    `totals` ({"rows", "valid", "real"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
+    `totals` ({"rows", "valid", "decided"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
     rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
     # one piece keeps its encoder graph: recomputing it would save no memory (nothing else is alive)
@@ -142,7 +142,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         sums["loss"] += local.detach()
         sums["nll"] += nll.detach()
         sums["nll_early"] += nll_early.detach()
-        sums["boundaries"] += (out.boundaries.a & loss_inputs.real).sum()
+        sums["boundaries"] += (out.boundaries.a & loss_inputs.decided).sum()
         sums["tokens"] += out.tok_real.numel()
         sums["token_slots"] += out.tok_pos.numel()
         kept.append(_Kept(mb.inputs, None if recompute_encoder else hidden, h, out.boundaries, loss_inputs,
@@ -174,12 +174,11 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
         hidden.backward(grad)
         k.h.grad, k.hidden, k.bnd = None, None, _detached(k.bnd)  # free this micro-batch's graphs
 
-    real = batch.inputs != PAD
     metrics = {
         "loss": torch.as_tensor(sums["loss"]).detach(),
         "bpb": sums["nll"] / denom / LN2,
         "early_bpb": sums["nll_early"] / denom / LN2,
-        "boundary_rate": sums["boundaries"] / (K * (totals["real"] if totals else real.sum())).clamp(min=1),
+        "boundary_rate": sums["boundaries"] / (K * (totals["decided"] if totals else batch.decided.sum())).clamp(min=1),
         "tokens": torch.as_tensor(sums["tokens"]),
         "token_slots": torch.as_tensor(sums["token_slots"]),
         "bytes": n_valid,

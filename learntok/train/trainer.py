@@ -369,9 +369,9 @@ class Trainer:
 
     def _global_totals(self, batch: Batch) -> dict:
         """Counts over the global batch: the denominators of the per-byte means (one small all-reduce)."""
-        counts = torch.stack([batch.valid.sum(), (batch.inputs != PAD).sum()])
+        counts = torch.stack([batch.valid.sum(), batch.decided.sum()])
         self.dist.all_reduce(counts)
-        return {"rows": batch.inputs.shape[0] * self.dist.world_size, "valid": counts[0], "real": counts[1]}
+        return {"rows": batch.inputs.shape[0] * self.dist.world_size, "valid": counts[0], "decided": counts[1]}
 
     def train_step(self, batch: Batch) -> dict:
         """One optimizer step on the global batch (with several ranks: on this rank's share of it). Returns
