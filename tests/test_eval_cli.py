@@ -94,6 +94,12 @@ def test_heldout_text_json(capsys, run_dir, text_file):
     assert math.isclose(res["bpb"], direct.nll_nats / len(TEXT.encode()) / math.log(2), rel_tol=1e-6)
 
 
+def test_max_docs_on_one_text_says_it_has_no_effect(capsys, run_dir, text_file):
+    code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--data", text_file, "--max-docs", 3, "--no-progress")
+    assert code == 0, err
+    assert f"--max-docs 3 leaves {text_file} whole: it is one text" in err and "--max-bytes" in err
+
+
 def test_jsonl_field(capsys, run_dir, tmp_path):
     p = tmp_path / "docs.jsonl"
     p.write_text("".join(json.dumps({"content": t}) + "\n" for t in ("first document here", "and a second one")))

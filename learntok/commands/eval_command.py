@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "text / JSONL / Parquet file or folder. Default when no --tasks: the run's own held-out data")
     g.add_argument("--field", default="text", help="JSONL/Parquet field holding the text (default: text)")
     g.add_argument("--max-docs", type=int, help="score only the first N held-out documents (a quick look: the first "
-                                                "documents of a source need not be like the rest)")
+                                                "documents of a source need not be like the rest; a one-text source, "
+                                                "such as demo, is one document: use --max-bytes)")
     g.add_argument("--max-bytes", type=int, help="score at most this many held-out bytes")
     g = p.add_argument_group("benchmarks")
     g.add_argument("--tasks", help="comma-separated: piqa,hellaswag,arc_easy,lambada")
@@ -167,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
             _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
+            if args.max_docs is not None and args.max_docs > 1 and len(heldout_docs) == 1:
+                _say(f"--max-docs {args.max_docs} leaves {what} whole: it is one text (a demo corpus stream or a "
+                     f"plain-text file); --max-bytes shortens it")
         heldout_bits = None
         if want_heldout and scorer.data_track:
             try:
