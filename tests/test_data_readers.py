@@ -129,6 +129,42 @@ def test_folder_of_text_files_recursive_sorted(tmp_path):
     assert (stats.files, stats.empty) == (4, 1)
 
 
+def test_linked_folders_are_read_once_and_links_up_the_tree_do_not_loop(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.txt").write_text("alpha")
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "b.txt").write_text("beta")
+    (top / "linked").symlink_to(tmp_path / "real")
+    (top / "again").symlink_to(tmp_path / "real")  # a second link to the same folder
+    (top / "up").symlink_to(top)  # a loop
+    assert list(iter_documents(top)) == [b"beta", b"alpha"]  # b.txt, then again/a.txt only
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_pipe_loses_no_byte(gz):
+    """`learntok prepare <(zcat corpus.jsonl.gz)`: the input is read once, from its first byte."""
+    import os
+    import threading
+
+    lines = "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(2000)).encode()
+    payload = gzip.compress(lines) if gz else lines
+    read_end, write_end = os.pipe()
+
+    def write():
+        with os.fdopen(write_end, "wb") as f:
+            f.write(payload)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        docs = list(iter_documents(f"/dev/fd/{read_end}", format="jsonl"))
+    finally:
+        writer.join()
+        os.close(read_end)
+    assert docs == [f"document {i}".encode() for i in range(2000)]
+
+
 def test_folder_auto_detects_each_file(tmp_path):
     """A downloaded dataset folder of .jsonl.gz parts is read as JSON Lines, not as text."""
     write_jsonl(tmp_path / "part-0.jsonl.gz", [{"text": "p0"}])

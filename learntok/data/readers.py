@@ -117,11 +117,18 @@ def _has_known_suffix(name: str) -> bool:
 
 
 def _files_under(folder: Path) -> list[Path]:
-    """All regular files below `folder`, sorted so that document order (and so the split) is stable;
-    hidden files and folders (`.git`, `.DS_Store`) are left out."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    """All files below `folder`, sorted so that document order (and so the split) is stable; hidden files
+    and folders (`.git`, `.DS_Store`) are left out. Linked folders are read like the others, each folder
+    once, so that a link back up the tree does not loop."""
+    found, seen = [], {os.path.realpath(folder)}
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        kept = []
+        for d in sorted(dirs):
+            real = os.path.realpath(os.path.join(root, d))
+            if not d.startswith(".") and real not in seen:
+                seen.add(real)
+                kept.append(d)
+        dirs[:] = kept
         found.extend(Path(root) / f for f in sorted(files) if not f.startswith("."))
     return found
 
@@ -234,10 +241,25 @@ def _looks_binary(path: Path) -> bool:
 
 def _open_maybe_gzip(path: Path):
     """Open for binary reading, decompressing when the file starts with the gzip magic (so a `.json`
-    that is in fact gzip, or a `.gz` that is not, both work)."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    that is in fact gzip, or a `.gz` that is not, both work). The file is opened once and its first bytes
+    peeked at, so that a pipe (`<(zcat corpus.gz)`, /dev/stdin) loses none of them."""
+    f = open(path, "rb")
+    if f.peek(2)[:2] != b"\x1f\x8b":
+        return f
+    return _GzipOwningFile(fileobj=f, mode="rb")
+
+
+class _GzipOwningFile(gzip.GzipFile):
+    """A GzipFile that closes the file it reads when it is closed (a GzipFile given a file object leaves it
+    open)."""
+
+    def close(self) -> None:
+        raw = self.fileobj
+        try:
+            super().close()
+        finally:
+            if raw is not None:
+                raw.close()
 
 
 def read_jsonl(
