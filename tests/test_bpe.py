@@ -162,6 +162,59 @@ def test_bpe_only_adds_the_track_to_an_existing_dataset(tmp_path):
     assert np.array_equal(track.doc(0), seg.boundaries([doc])[0])
 
 
+def test_replacing_the_bpe_track_is_atomic(tmp_path, monkeypatch):
+    """`--bpe-only` on a dataset that has a `bpe` track: interrupted, the dataset is as it was (its track, its
+    tokenizer, no stray file); finished, only the new track's files remain, and its tokenizer is the one
+    meta.json names."""
+    from learntok.data.shards import DatasetWriter, open_split, read_meta, track_tokenizer
+    out = tmp_path / "ds"
+    with DatasetWriter(out, shard_bytes=4096) as w:
+        for d in corpus():
+            w.add("train", d)
+        w.add("val", corpus(seed=1)[0])
+        w.commit({"source": ["test"]})
+    add_bpe_track(out, 0.3, max_vocab=1000)
+    files = lambda: sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())  # noqa: E731
+    before_files, before_meta = files(), read_meta(out)
+    before_bits = open_split(out, "train").track("bpe").doc(0)
+    assert len(open_split(out, "train").shards) > 2 and track_tokenizer(out, "bpe") == out / "bpe" / "tokenizer.json"
+
+    calls = []
+    real = BpeSegmenter.boundaries
+
+    def interrupted(self, docs, shift=1):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, docs, shift=shift)
+
+    monkeypatch.setattr(BpeSegmenter, "boundaries", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        add_bpe_track(out, 0.15, max_vocab=1000)
+    assert files() == before_files and read_meta(out) == before_meta
+    assert np.array_equal(open_split(out, "train").track("bpe").doc(0), before_bits)
+
+    monkeypatch.setattr(BpeSegmenter, "boundaries", real)
+    info = add_bpe_track(out, 0.15, max_vocab=1000)
+    assert info["rate_by_split"]["train"] < 0.25
+    listed = {f"{name}/{shard['tracks']['bpe']}" for name, split in read_meta(out)["splits"].items()
+              for shard in split["shards"]}
+    tokenizer = track_tokenizer(out, "bpe")
+    assert tokenizer != out / "bpe" / "tokenizer.json" and tokenizer.exists()
+    assert {f for f in files() if "track-bpe" in f or f.startswith("bpe/")} == listed | {str(tokenizer.relative_to(out))}
+    train = open_split(out, "train")
+    doc = bytes(train.doc(0))
+    assert np.array_equal(train.track("bpe").doc(0), BpeSegmenter.load(tokenizer).boundaries([doc])[0])
+
+
+def test_evenly_spread_samples_the_whole_corpus():
+    from learntok.data.bpe import evenly_spread
+    assert evenly_spread(np.full(100, 10), 250).tolist() == list(range(3, 100, 4))  # 25 of 100, first to last
+    assert evenly_spread(np.full(10, 10), 1000).tolist() == list(range(10))  # all of it
+    picked = evenly_spread(np.full(1000, 10), 6000)  # 60%: a stride of 1.67, not 1 (a prefix) nor 2 (50%)
+    assert len(picked) == 600 and picked[-1] == 999
+
+
 def test_strategy_reads_the_supplied_boundaries():
     from learntok.unet import ByteUNet
 

@@ -46,7 +46,7 @@ def test_round_trip_bytes_in_equal_bytes_out(tmp_path):
     expected = [d.encode() for d in docs if d]
     assert sorted(train + val) == sorted(expected)
     assert train == [d for d in expected if d in set(train)]
-    kept_val = [d.encode() for i, d in enumerate(docs) if d and is_val(i, 3, 0.2)]
+    kept_val = [d.encode() for d in docs if d and is_val(d.encode(), 3, 0.2)]
     assert val == kept_val
     empties = sum(1 for d in docs if not d)
     assert summary["documents_read"] == 300 and summary["dropped_empty"] == empties
@@ -80,9 +80,25 @@ def test_filters_do_not_move_documents_between_splits(tmp_path):
 
 
 def test_is_val_fraction():
-    hits = sum(is_val(i, 0, 0.01) for i in range(100_000))
+    hits = sum(is_val(b"document %d" % i, 0, 0.01) for i in range(100_000))
     assert 850 < hits < 1150
-    assert not any(is_val(i, 0, 0.0) for i in range(1000))
+    assert not any(is_val(b"document %d" % i, 0, 0.0) for i in range(1000))
+    assert is_val(b"document 7", 1, 0.5) != is_val(b"document 7", 2, 0.5) or is_val(b"document 8", 1, 0.5) != is_val(
+        b"document 8", 2, 0.5)  # the seed draws another split
+
+
+def test_the_split_follows_the_text_not_its_position(tmp_path):
+    """Copies of a document share its split, and a bad record skipped before it does not move it."""
+    docs = make_docs(200)
+    docs = [d for d in docs if d]
+    clean = write_corpus(tmp_path / "clean.jsonl", docs + docs[:50])  # 50 duplicates at the end
+    run([clean], tmp_path / "a", val_fraction=0.2)
+    train, val = set(all_docs(tmp_path / "a", "train")), set(all_docs(tmp_path / "a", "val"))
+    assert val and not train & val
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "cut\n' + gzip.decompress(clean.read_bytes()).decode())  # a bad first line
+    run([broken], tmp_path / "b", val_fraction=0.2, skip_bad_lines=True)
+    assert all_docs(tmp_path / "b", "val") == all_docs(tmp_path / "a", "val")
 
 
 def test_documents_never_cross_shards(tmp_path):
@@ -120,6 +136,30 @@ def test_failure_leaves_nothing_behind(tmp_path):
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
     s = run([corpus], tmp_path / "out", skip_bad_lines=True, val_fraction=0.0)
     assert s["bad_lines_skipped"] == 1 and s["documents_kept"] == 1
+
+
+def test_a_failed_bpe_fit_leaves_nothing_behind(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl", ["one document", "another one"])
+    with pytest.raises(ValueError, match="training split is empty"):
+        run([corpus], tmp_path / "out", val_fraction=0.999, bpe_rate=0.3)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+@pytest.mark.parametrize("option", [{"shard_bytes": 0}, {"raw_doc_bytes": 0, "format": "raw"}])
+def test_bad_sizes_are_refused_before_anything_is_written(tmp_path, option):
+    corpus = write_corpus(tmp_path / "c.jsonl", ["one document"])
+    with pytest.raises(ValueError, match="must be positive"):
+        run([corpus], tmp_path / "out", **option)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_out_inside_an_input_folder_is_refused_before_it_exists(tmp_path):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("the first text")
+    with pytest.raises(FileExistsError, match="lies inside the input"):
+        run([texts], texts / "prepared")
+    assert not (texts / "prepared").exists()
 
 
 def test_nothing_kept_is_an_error(tmp_path):
@@ -202,6 +242,11 @@ def test_damaged_datasets_are_reported(tmp_path):
     (out / "meta.json").write_text(json.dumps(edited))
     with pytest.raises(ShardError, match=r"meta.json's entry for shard 0 of .*train is malformed"):
         open_split(out, "train")
+    for damage, what in [({"splits": None}, 'the "splits" entry'), ({"splits": [1]}, 'the "splits" entry'),
+                         ({"splits": {"train": {"shards": []}}}, "the entry of split 'train'")]:
+        (out / "meta.json").write_text(json.dumps({**meta, **damage}))
+        with pytest.raises(ShardError, match=f"{what} is missing or malformed"):
+            open_split(out, "train")
     (out / "meta.json").write_text(json.dumps({**meta, "version": 99}))
     with pytest.raises(ShardError, match="format version 99, this learntok reads version 1; upgrade"):
         open_split(out, "train")

@@ -31,6 +31,12 @@ def test_jsonl_text_field(tmp_path):
     assert list(iter_documents(path)) == [b"hello", "héllo ✓".encode()]
 
 
+def test_a_lone_surrogate_becomes_the_replacement_character(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"text": "a\\ud800b \\ud83d\\ude00"}\n')  # a lone surrogate, then a pair (one emoji)
+    assert list(iter_documents(path)) == ["a\ufffdb \U0001F600".encode()]
+
+
 def test_jsonl_gz_fineweb_and_codeparrot_layouts(tmp_path):
     fineweb = write_jsonl(tmp_path / "fw.jsonl.gz", [{"text": "a doc", "id": "x", "url": "u"}])
     code = write_jsonl(tmp_path / "cp.json.gz", [{"repo_name": "r", "path": "p.py", "content": "import os\n"}])

@@ -52,13 +52,13 @@ def test_boundary_field_is_stored_shifted(tmp_path):
 
 def test_separator_and_shift_zero(tmp_path):
     src = tmp_path / "seg.txt"
-    src.write_bytes(b"ab|cde|f")
+    src.write_bytes(b"ab|cde|f|")
     out = tmp_path / "ds"
     prepare(PrepareOptions(inputs=[str(src)], out=str(out), val_fraction=0.0, progress=False,
                            boundary_separator="|", boundary_shift=0))
     split = open_split(out, "train")
     assert bytes(split.doc(0)) == b"abcdef"
-    assert np.flatnonzero(split.track("file").doc(0)).tolist() == [1, 4]  # last bytes of "ab", "cde"
+    assert np.flatnonzero(split.track("file").doc(0)).tolist() == [1, 4, 5]  # last bytes of "ab", "cde", "f"
 
 
 def test_bad_boundary_records_name_the_line(tmp_path):
@@ -121,6 +121,17 @@ def test_open_prepared_supplies_the_track_the_strategy_needs(tmp_path):
         open_prepared(cfg)
     with pytest.raises(ShardError, match="no boundary track 'bpe'"):
         ShardedBatches(out, seq_len=4, batch_size=1, boundaries="bpe")
+
+
+def test_an_empty_val_split_says_so_for_a_track_strategy_too(tmp_path):
+    out = tmp_path / "ds"
+    with DatasetWriter(out, tracks=("file",)) as w:
+        w.add("train", b"abcdefgh" * 10, {"file": np.zeros(80, dtype=bool)})
+        w.commit({"source": ["test"], "tracks": {"file": {"source": "test", "shift": 1}}})
+    cfg = load_config(None, {"boundaries": {"name": "file"}, "data": {"source": str(out), "mode": "packed"},
+                             "train": {"seq_len": 16, "batch_size": 2}})
+    with pytest.raises(ValueError, match="no validation sequences.*--val-fraction"):
+        open_prepared(cfg)
 
 
 def test_demo_corpus_refuses_the_file_strategy():

@@ -5,11 +5,11 @@ existing dataset: `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`), and a
 (strategy `file`): `--boundary-field FIELD` (JSON Lines: token end byte offsets) or
 `--boundary-separator SEP` (cuts marked in the text).
 
-`--overwrite` replaces only a prepared dataset (a folder with meta.json), and never one that is, holds or lies
-inside an input.
+`--out` never is, holds or lies inside an input, and `--overwrite` replaces only a prepared dataset (a folder
+with meta.json).
 
 Exit status: 0 done, 1 input that cannot be read or yields no document, 2 bad arguments (no INPUT, an --out
-that exists and may not be replaced)."""
+that exists and may not be replaced, a size that is not positive)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--field", default="text",
                         help="JSON/Parquet/HF field holding the text (default: text, as FineWeb; CodeParrot: content)")
     parser.add_argument("--val-fraction", type=float, default=0.01,
-                        help="fraction of documents in the validation split (default: 0.01)")
+                        help="fraction of documents in the validation split, chosen by a hash of each document's "
+                             "text, so copies of a document share a split (default: 0.01)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/validation split (default: 0)")
     parser.add_argument("--min-bytes", type=int, default=1,
                         help="drop documents shorter than this; e.g. 4096 for the paper's setup (default: 1)")
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bnd = parser.add_argument_group("boundaries supplied with the data (strategies bpe and file)")
     bnd.add_argument("--bpe-rate", type=float, default=None, metavar="RATE",
                      help="fit a byte-level BPE to the training split at this many tokens per byte (e.g. 0.2), save "
-                          "it in OUT/bpe/tokenizer.json and store its boundaries, shifted by one byte (needs tokenizers)")
+                          "it in OUT/bpe/ (tokenizer.json) and store its boundaries, shifted by one byte (needs tokenizers)")
     bnd.add_argument("--bpe-only", action="store_true",
                      help="add the BPE boundaries of --bpe-rate to the existing dataset --out; no INPUT")
     bnd.add_argument("--bpe-max-vocab", type=int, default=65536, help="largest BPE vocabulary tried (default: 65536)")

@@ -85,7 +85,7 @@ def split_on_separator(doc: bytes, separator: bytes) -> tuple[bytes, np.ndarray]
     pieces = doc.split(separator)
     text = b"".join(pieces)
     ends = np.cumsum([len(p) for p in pieces[:-1]], dtype=np.int64)
-    ends = np.unique(ends[(ends > 0) & (ends < len(text))])
+    ends = np.unique(ends[(ends > 0) & (ends <= len(text))])  # a cut at the very end too, as offsets allow
     return text, ends
 
 
@@ -225,19 +225,20 @@ class BpeFit:
     train_bytes: int
 
 
-def _sample(docs: Sequence[bytes], budget: int) -> list[bytes]:
-    """Evenly spread documents of `docs` totalling about `budget` bytes (all when they are fewer)."""
-    total = sum(len(d) for d in docs)
+def evenly_spread(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """The indices of documents of `lengths` bytes that make an even sample of about `budget` bytes: a
+    share budget / total of them, one in every total / budget in fractional steps, from first to last (all
+    of them when they hold no more than `budget`)."""
+    total = int(lengths.sum())
     if total <= budget:
-        return list(docs)
-    stride = max(1, round(total / budget))
-    out, size = [], 0
-    for d in docs[::stride]:
-        out.append(d)
-        size += len(d)
-        if size >= budget:
-            break
-    return out
+        return np.arange(len(lengths))
+    steps = np.floor(np.arange(len(lengths) + 1) * (budget / total))
+    return np.flatnonzero(np.diff(steps))
+
+
+def _sample(docs: Sequence[bytes], budget: int) -> list[bytes]:
+    """An even sample of `docs` of about `budget` bytes (`evenly_spread`)."""
+    return [docs[i] for i in evenly_spread(np.array([len(d) for d in docs], dtype=np.int64), budget)]
 
 
 def fit_bpe(docs: Sequence[bytes], target_rate: float, max_vocab: int = DEFAULT_MAX_VOCAB,
@@ -279,40 +280,42 @@ def fit_bpe(docs: Sequence[bytes], target_rate: float, max_vocab: int = DEFAULT_
 
 
 def sample_split_docs(split, budget: int) -> list[bytes]:
-    """Documents of a prepared split spread evenly over it, about `budget` bytes in all (all if fewer)."""
-    lengths = split.doc_lengths()
-    total = int(lengths.sum())
-    stride = 1 if total <= budget else max(1, round(total / budget))
-    out, size = [], 0
-    for i in range(0, len(lengths), stride):
-        out.append(bytes(split.doc(i)))
-        size += int(lengths[i])
-        if size >= budget:
-            break
-    return out
+    """An even sample of a prepared split's documents of about `budget` bytes (`evenly_spread`)."""
+    return [bytes(split.doc(int(i))) for i in evenly_spread(split.doc_lengths(), budget)]
 
 
 def add_bpe_track(path: str | Path, target_rate: float, max_vocab: int = DEFAULT_MAX_VOCAB,
                   train_bytes: int = DEFAULT_TRAIN_BYTES, sample_bytes: int = DEFAULT_SAMPLE_BYTES,
                   progress: bool = False) -> dict:
-    """Fit a BPE to the training split of the prepared dataset at `path` (at most `train_bytes` of it),
-    save it as `path/bpe/tokenizer.json` and write every document's shifted BPE boundaries as the `bpe`
-    track. Returns the track's entry in meta.json (the fit, and the boundary rate of each split)."""
-    from .shards import BPE_TRACK, PreparedDataset, add_track, track_tokenizer
+    """Fit a BPE to the training split of the prepared dataset at `path` (an even sample of about
+    `train_bytes` of it), save it as `path/bpe/tokenizer.json` and write every document's shifted BPE
+    boundaries as the `bpe` track, replacing any earlier one (whose tokenizer.json stays until the new
+    track is in place: the new tokenizer then has another name, which meta.json records). Returns the
+    track's entry in meta.json (the fit, and the boundary rate of each split)."""
+    from .shards import BPE_TRACK, PreparedDataset, add_track, free_name
 
     path = Path(path)
-    docs = sample_split_docs(PreparedDataset(path).split("train"), max(train_bytes, sample_bytes))
+    dataset = PreparedDataset(path)
+    docs = sample_split_docs(dataset.split("train"), max(train_bytes, sample_bytes))
     if not docs:
         raise ValueError(f"{path}: the training split is empty; nothing to fit a BPE to")
     segmenter, fit = fit_bpe(docs, target_rate, max_vocab, sample_bytes, train_bytes)
     del docs
-    tokenizer = track_tokenizer(path, BPE_TRACK)
-    tokenizer.parent.mkdir(exist_ok=True)
-    segmenter.save(tokenizer.with_name(".tokenizer.json.tmp"))
-    os.replace(tokenizer.with_name(".tokenizer.json.tmp"), tokenizer)
+    (path / BPE_TRACK).mkdir(exist_ok=True)
+    tokenizer = free_name(path / BPE_TRACK / "tokenizer.json")  # the old one stays until the new track is in
+    segmenter.save(tokenizer.with_name(f".{tokenizer.name}.tmp"))
+    os.replace(tokenizer.with_name(f".{tokenizer.name}.tmp"), tokenizer)
     info = {**asdict(fit), "shift": 1, "tokenizer": str(tokenizer.relative_to(path)), "pre_tokenizer": "GPT-2 byte-level",
             "note": "BPE merges inside a word still depend on later bytes"}
-    return add_track(path, BPE_TRACK, lambda batch: segmenter.boundaries(batch, shift=1), info, progress=progress)
+    try:
+        entry = add_track(path, BPE_TRACK, lambda batch: segmenter.boundaries(batch, shift=1), info, progress=progress)
+    except BaseException:
+        tokenizer.unlink(missing_ok=True)
+        raise
+    old = dataset.meta.get("tracks", {}).get(BPE_TRACK, {}).get("tokenizer")
+    if old is not None and path / old != tokenizer:
+        (path / old).unlink(missing_ok=True)
+    return entry
 
 
 # ----------------------------------------------------------------------------------------------------

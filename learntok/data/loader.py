@@ -152,11 +152,11 @@ class ShardedBatches:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         self.split = data if isinstance(data, Split) else open_split(data, split)
-        self.track = self.split.track(boundaries) if boundaries else None  # supplied boundaries, if asked for
         self.mode, self.seq_len, self.batch_size = mode, seq_len, batch_size
         self.seed, self.shuffle, self.rank, self.world_size = seed, shuffle, rank, world_size
         source = _PaperSequences if mode == "paper" else _PackedSequences
-        self._seqs = source(self.split, seq_len)
+        self._seqs = source(self.split, seq_len)  # first: a split with no sequence has no track either
+        self.track = self.split.track(boundaries) if boundaries else None  # supplied boundaries, if asked for
         self.epoch = 0
         self.position = 0  # index, within the epoch's permutation, of the next global batch's first id
         self._perms: dict[int, np.ndarray] = {}

@@ -1,9 +1,10 @@
 """Turn a corpus into a prepared dataset (see `shards.py`): read, filter, split, write, summarise.
 
-The train/validation split is a pure function of (document index, seed): document i goes to `val` when
-a 64-bit hash of (seed, i) falls below `val_fraction`. The index counts every document read, kept or not,
-so the same input and seed always give the same split, and changing a filter (`min_bytes`) does not move
-the documents it keeps from one split to the other.
+The train/validation split is a pure function of (document, seed): a document goes to `val` when a 64-bit
+hash of its bytes and the seed falls below `val_fraction`. So the same input and seed always give the same
+split; copies of one document land in the same split (a corpus's duplicates do not leak held-out text into
+training); and neither a filter (`min_bytes`), a skipped bad record nor another input file moves a
+document from one split to the other.
 
 Boundary tracks (see `shards.py`, `learntok.data.bpe`):
 - a user's segmentation (strategy `file`): `boundary_field` (JSON Lines: a list of token end byte offsets
@@ -11,14 +12,14 @@ Boundary tracks (see `shards.py`, `learntok.data.bpe`):
   shifted right by `boundary_shift` bytes, written with the shards as the `file` track;
 - BPE guidance (strategy `bpe`): with `bpe_rate`, once the shards are in place a byte-level BPE is fitted
   to the training split at that rate, saved as `bpe/tokenizer.json`, and the shifted token ends of every
-  document are written as the `bpe` track (`add_bpe_track`, also usable on an existing dataset).
+  document are written as the `bpe` track (`add_bpe_track`, also usable on an existing dataset), all
+  before the dataset moves into place: a failed fit leaves no dataset behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import hashlib
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -69,10 +70,10 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def is_val(doc_index: int, seed: int, val_fraction: float) -> bool:
-    """Whether document `doc_index` (0-based, among all documents read) belongs to the validation split."""
-    h = _splitmix64(_splitmix64(seed & _MASK64) ^ doc_index)
-    return h < val_fraction * 2.0**64
+def is_val(doc: bytes, seed: int, val_fraction: float) -> bool:
+    """Whether document `doc` belongs to the validation split (for a given seed, a function of its bytes)."""
+    content = int.from_bytes(hashlib.blake2b(doc, digest_size=8).digest(), "little")
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ content) < val_fraction * 2.0**64
 
 
 def check_options(opts: PrepareOptions) -> None:
@@ -85,6 +86,10 @@ def check_options(opts: PrepareOptions) -> None:
         raise ValueError(f"--min-bytes must be >= 0, got {opts.min_bytes}")
     if opts.max_docs is not None and opts.max_docs <= 0:
         raise ValueError(f"--max-docs must be positive, got {opts.max_docs}")
+    if opts.shard_bytes <= 0:
+        raise ValueError(f"--shard-bytes must be positive, got {opts.shard_bytes}")
+    if opts.raw_doc_bytes is not None and opts.raw_doc_bytes <= 0:
+        raise ValueError(f"--raw-doc-bytes must be positive, got {opts.raw_doc_bytes}")
     if opts.boundary_field and opts.boundary_separator:
         raise ValueError("give --boundary-field or --boundary-separator, not both")
     if opts.boundary_separator == "":
@@ -101,14 +106,15 @@ def check_options(opts: PrepareOptions) -> None:
             detect_format(item)
         elif opts.format != "hf" and not Path(item).exists():
             raise FileNotFoundError(f"{item}: no such file or folder")
-    if Path(opts.out).exists():  # what --overwrite would replace must not be, hold or lie inside an input
-        out = Path(opts.out).resolve()
-        for item in opts.inputs:
-            source = Path(item).resolve()
-            if Path(item).exists() and (out.is_relative_to(source) or source.is_relative_to(out)):
-                where = "is" if out == source else "lies inside" if out.is_relative_to(source) else "holds"
-                raise FileExistsError(f"--out {opts.out} {where} the input {item}; prepare never replaces its own "
-                                      "input: choose another --out, apart from the inputs")
+    # the dataset must not be, hold or lie inside an input: --overwrite would replace the input, and a
+    # dataset written inside an input folder would be read as text by the next prepare of that folder
+    out = Path(opts.out).resolve()
+    for item in opts.inputs:
+        source = Path(item).resolve()
+        if Path(item).exists() and (out.is_relative_to(source) or source.is_relative_to(out)):
+            where = "is" if out == source else "lies inside" if out.is_relative_to(source) else "holds"
+            raise FileExistsError(f"--out {opts.out} {where} the input {item}; prepare never writes into its own "
+                                  "input: choose another --out, apart from the inputs")
 
 
 def prepare(opts: PrepareOptions) -> dict[str, Any]:
@@ -126,8 +132,8 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
         desc="prepare", unit="B", unit_scale=True, disable=not opts.progress, leave=False
     ) as bar:
         pending = 0  # bytes not yet shown on the bar: updating it per document costs more than the work
-        for index, doc in enumerate(docs):
-            _route(writer, index, doc, opts, counts)
+        for doc in docs:
+            _route(writer, doc, opts, counts)
             pending += len(doc[0] if isinstance(doc, tuple) else doc)
             if pending >= 1 << 20:
                 bar.update(pending)
@@ -145,14 +151,19 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
         if segmented:
             meta["tracks"] = {SEGMENTATION_TRACK: _segmentation_track_info(opts, writer)}
             summary["tracks"] = dict(meta["tracks"])
-        writer.commit(meta, summary)
-    if opts.bpe_rate is not None:
-        from .bpe import add_bpe_track
-        summary.setdefault("tracks", {})[BPE_TRACK] = add_bpe_track(
-            opts.out, opts.bpe_rate, max_vocab=opts.bpe_max_vocab, train_bytes=opts.bpe_train_bytes,
-            progress=opts.progress)
-        _write_summary(opts.out, summary)
+        bpe = None if opts.bpe_rate is None else lambda folder: _add_bpe(opts, folder, summary)
+        writer.commit(meta, summary, finish=bpe)
     return summary
+
+
+def _add_bpe(opts: PrepareOptions, folder: Path, summary: dict[str, Any]) -> None:
+    """Fit the BPE and write the `bpe` track into the dataset being written at `folder`; note both in `summary`."""
+    from .bpe import add_bpe_track
+
+    start = time.perf_counter()
+    summary.setdefault("tracks", {})[BPE_TRACK] = add_bpe_track(
+        folder, opts.bpe_rate, max_vocab=opts.bpe_max_vocab, train_bytes=opts.bpe_train_bytes, progress=opts.progress)
+    summary["bpe_seconds"] = round(time.perf_counter() - start, 3)
 
 
 def _documents(opts: PrepareOptions, stats: ReadStats):
@@ -185,14 +196,7 @@ def _segmentation_track_info(opts: PrepareOptions, writer: DatasetWriter) -> dic
     return {"source": source, "shift": opts.boundary_shift, "rate_by_split": rates}
 
 
-def _write_summary(out: str | Path, summary: dict[str, Any]) -> None:
-    path = Path(out) / "summary.json"
-    tmp = path.parent / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _route(writer: DatasetWriter, index: int, doc, opts: PrepareOptions, counts: dict) -> None:
+def _route(writer: DatasetWriter, doc, opts: PrepareOptions, counts: dict) -> None:
     """Count one document (bytes, or (bytes, token end offsets)) and write it to its split, or count why
     it is dropped."""
     tracks = None
@@ -208,7 +212,7 @@ def _route(writer: DatasetWriter, index: int, doc, opts: PrepareOptions, counts:
         counts["short"] += 1
     else:
         counts["kept"] += 1
-        writer.add("val" if is_val(index, opts.seed, opts.val_fraction) else "train", doc, tracks)
+        writer.add("val" if is_val(doc, opts.seed, opts.val_fraction) else "train", doc, tracks)
 
 
 def _nothing_kept_message(opts: PrepareOptions, counts: dict, stats: ReadStats) -> str:
@@ -254,8 +258,8 @@ def _meta(opts: PrepareOptions, counts: dict) -> dict[str, Any]:
         "max_docs": opts.max_docs,
         "raw_doc_bytes": opts.raw_doc_bytes,
         "documents_read": counts["read"],
-        "split_rule": "val iff splitmix64(splitmix64(seed) ^ doc_index) < val_fraction * 2**64; "
-                      "doc_index counts every document read, from 0",
+        "split_rule": "val iff splitmix64(splitmix64(seed) ^ h) < val_fraction * 2**64, h the document's "
+                      "8-byte BLAKE2b digest read as a little-endian integer",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **opts.extra_meta,
     }
@@ -277,6 +281,7 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("warning: the validation split is empty (raise --val-fraction or add data)")
     for name, info in s.get("tracks", {}).items():
         lines.append(describe_track(name, info))
-    lines.append(f"{s['seconds']:.2f} s, {s['mb_per_s']:,.1f} MB/s -> {s['out']}")
+    bpe = f", {s['bpe_seconds']:.2f} s fitting the BPE and writing its track" if "bpe_seconds" in s else ""
+    lines.append(f"{s['seconds']:.2f} s reading ({s['mb_per_s']:,.1f} MB/s){bpe} -> {s['out']}")
     return "\n".join(lines)
 

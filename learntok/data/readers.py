@@ -384,6 +384,18 @@ def iter_segmented_documents(
             yield from read_jsonl_segmented(p, field, boundary_field, skip_bad_lines=skip_bad_lines, stats=stats)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8. A lone surrogate ("\\ud800" in JSON: valid there, not encodable) becomes U+FFFD, the
+    replacement character, as a UTF-8 decoder makes of an invalid byte."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
 def _text_value(record: dict[str, Any], field: str) -> bytes:
     """`record[field]` as UTF-8 bytes, with errors that say what the record holds instead."""
     if field not in record:
@@ -394,8 +406,7 @@ def _text_value(record: dict[str, Any], field: str) -> bytes:
         )
     value = record[field]
     if isinstance(value, str):
-        # Lone surrogates ("\ud800") are valid JSON but not encodable as UTF-8: replace them.
-        return value.encode("utf-8", errors="replace")
+        return _utf8(value)
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
     raise _BadRecord(
@@ -443,7 +454,7 @@ def read_parquet(
                     raise DataFormatError(message)
                 stats.skip(message, "not-string")
                 continue
-            yield stats.count(value.encode("utf-8", errors="replace") if isinstance(value, str) else value)
+            yield stats.count(_utf8(value) if isinstance(value, str) else value)
 
 
 def _import_pyarrow_parquet():

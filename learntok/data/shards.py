@@ -26,7 +26,9 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,16 +206,18 @@ class DatasetWriter:
     def add(self, split: str, doc: bytes, tracks: dict[str, np.ndarray] | None = None) -> None:
         self.splits[split].add(doc, tracks)
 
-    def commit(self, meta: dict[str, Any], summary: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Close the shards, write meta.json (and summary.json), move the folder into place. Returns the
-        full meta written."""
+    def commit(self, meta: dict[str, Any], summary: dict[str, Any] | None = None,
+               finish: Callable[[Path], None] | None = None) -> None:
+        """Close the shards, write meta.json, run `finish` on the complete dataset in its temporary folder
+        (which may add tracks and fill in `summary`), write summary.json and move the folder into place."""
         meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **meta,
                 "splits": {name: w.close() for name, w in self.splits.items()}}
         _write_json(self.tmp / "meta.json", meta)
+        if finish is not None:
+            finish(self.tmp)
         if summary is not None:
             _write_json(self.tmp / "summary.json", summary)
         self._move_into_place()
-        return meta
 
     def _move_into_place(self) -> None:
         if self.out.exists():
@@ -354,44 +358,65 @@ class Track:
 def add_track(path: str | Path, name: str, compute, info: dict[str, Any], batch_docs: int = 1024,
               progress: bool = False) -> dict[str, Any]:
     """Add (or replace) boundary track `name` of an existing prepared dataset: `compute(docs)` maps a list
-    of documents (bytes) to one bool array per document, as long as it. Each track file is written under
-    a temporary name and renamed into place, meta.json (with `info` and the rate of boundaries per split
-    under "tracks") is replaced last, so an interrupted run leaves the dataset as it was. Returns the
-    track's entry in meta.json."""
+    of documents (bytes) to one bool array per document, as long as it. The track's files are written
+    under names the dataset does not use (`free_name`), meta.json (listing them, with `info` and the rate
+    of boundaries per split under "tracks") replaces the old one, and only then are the old track's files
+    removed: an interrupted run leaves the dataset as it was, its old track included. Returns the track's
+    entry in meta.json."""
     if not TRACK_NAME.match(name):
         raise ValueError(f"track name {name!r}: use lower-case letters, digits and _")
     dataset = PreparedDataset(path)
     meta = json.loads(json.dumps(dataset.meta))  # a copy to edit
     total = sum(s["bytes"] for s in meta["splits"].values())
-    rates = {}
+    rates, written = {}, []
     from tqdm import tqdm  # a dependency of learntok; imported here to keep module import light
-    with tqdm(total=total, desc=f"track {name}", unit="B", unit_scale=True, disable=not progress, leave=False) as bar:
-        for split_name, split_entry in meta["splits"].items():
-            split = dataset.split(split_name)
-            folder = dataset.path / split_name
-            ones = 0
-            for k, shard in enumerate(split.shards):
-                final = folder / _track_name(name, k)
-                writer = BitWriter(folder / f".{final.name}.tmp")
-                n_docs = len(shard.offsets) - 1
-                for lo in range(0, n_docs, batch_docs):
-                    docs = [bytes(shard.data[shard.offsets[j]: shard.offsets[j + 1]])
-                            for j in range(lo, min(n_docs, lo + batch_docs))]
-                    for doc, bits in zip(docs, compute(docs), strict=True):
-                        if len(bits) != len(doc):
-                            raise ValueError(f"track {name!r}: {len(bits)} entries for a document of {len(doc)} bytes")
-                        writer.write(bits)
-                        ones += int(np.count_nonzero(bits))
-                    bar.update(sum(len(d) for d in docs))
-                writer.close()
-                os.replace(writer.path, final)
-                split_entry["shards"][k].setdefault("tracks", {})[name] = final.name
-            rates[split_name] = round(ones / max(1, split_entry["bytes"]), 5)
-    meta.setdefault("tracks", {})[name] = {**info, "rate_by_split": rates}
-    tmp = dataset.path / ".meta.json.tmp"
-    _write_json(tmp, meta)
-    os.replace(tmp, dataset.path / "meta.json")
+    try:
+        with tqdm(total=total, desc=f"track {name}", unit="B", unit_scale=True, disable=not progress,
+                  leave=False) as bar:
+            for split_name, split_entry in meta["splits"].items():
+                split = dataset.split(split_name)
+                folder = dataset.path / split_name
+                ones = 0
+                for k, shard in enumerate(split.shards):
+                    writer = BitWriter(free_name(folder / _track_name(name, k)))
+                    written.append(writer.path)
+                    n_docs = len(shard.offsets) - 1
+                    for lo in range(0, n_docs, batch_docs):
+                        docs = [bytes(shard.data[shard.offsets[j]: shard.offsets[j + 1]])
+                                for j in range(lo, min(n_docs, lo + batch_docs))]
+                        for doc, bits in zip(docs, compute(docs), strict=True):
+                            if len(bits) != len(doc):
+                                raise ValueError(f"track {name!r}: {len(bits)} entries for a document of {len(doc)} bytes")
+                            writer.write(bits)
+                            ones += int(np.count_nonzero(bits))
+                        bar.update(sum(len(d) for d in docs))
+                    writer.close()
+                    split_entry["shards"][k].setdefault("tracks", {})[name] = writer.path.name
+                rates[split_name] = round(ones / max(1, split_entry["bytes"]), 5)
+        meta.setdefault("tracks", {})[name] = {**info, "rate_by_split": rates}
+        tmp = dataset.path / ".meta.json.tmp"
+        _write_json(tmp, meta)
+        os.replace(tmp, dataset.path / "meta.json")  # the new track replaces the old one here
+    except BaseException:
+        for f in written:
+            f.unlink(missing_ok=True)
+        raise
+    for split_name, split_entry in dataset.meta["splits"].items():  # the old track's files
+        for shard in split_entry["shards"]:
+            if name in shard.get("tracks", {}):
+                (dataset.path / split_name / shard["tracks"][name]).unlink(missing_ok=True)
     return meta["tracks"][name]
+
+
+def free_name(path: Path) -> Path:
+    """`path`, or when a file of that name exists (a track or tokenizer that a replacement must leave in place
+    until it is done), the same name with a random tag before the suffix and shard number:
+    track-bpe_00000.bin -> track-bpe-3f9a1c2e_00000.bin."""
+    if not path.exists():
+        return path
+    stem, dot, suffix = path.name.partition(".")
+    head, sep, number = stem.rpartition("_") if re.search(r"_\d+$", stem) else (stem, "", "")
+    return path.with_name(f"{head}-{secrets.token_hex(4)}{sep}{number}{dot}{suffix}")
 
 
 def _open_shard(folder: Path, i: int, entry: dict[str, Any]) -> Shard:
@@ -466,6 +491,15 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise ShardError(
             f"{meta_path}: format version {version}, this learntok reads version {FORMAT_VERSION}; {hint}"
         )
+    splits = meta.get("splits")
+    for name, entry in splits.items() if isinstance(splits, dict) else [(None, None)]:
+        if not (isinstance(entry, dict) and isinstance(entry.get("shards"), list)
+                and all(isinstance(entry.get(k), int) for k in ("documents", "bytes"))):
+            what = f"the entry of split {name!r}" if name is not None else 'the "splits" entry'
+            raise ShardError(f"{meta_path}: {what} is missing or malformed (a hand-edited or damaged file?); "
+                             f"re-run learntok prepare")
+    if not isinstance(meta.get("tracks", {}), dict):
+        raise ShardError(f'{meta_path}: its "tracks" entry is not a mapping; re-run learntok prepare')
     return meta
 
 
@@ -475,8 +509,10 @@ def open_split(path: str | Path, split: str = "train") -> Split:
 
 
 def track_tokenizer(path: str | Path, track: str) -> Path:
-    """Where the tokenizer that made a track is kept (only the BPE track has one)."""
-    return Path(path) / track / "tokenizer.json"
+    """The file of the tokenizer that made a track (only the BPE track has one), as meta.json names it:
+    `TRACK/tokenizer.json`, or after the track was replaced, the name its replacement was written under."""
+    info = read_meta(path).get("tracks", {}).get(track, {})
+    return Path(path) / info.get("tokenizer", f"{track}/tokenizer.json")
 
 
 def describe_track(name: str, info: dict[str, Any]) -> str:
