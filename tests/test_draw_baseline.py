@@ -98,6 +98,32 @@ def test_micro_batches_give_the_same_gradient_and_only_chosen_rows_train_the_pol
     assert close(grads(model), got[0][0], tol=1e-6)
 
 
+def test_each_rank_draws_twice_for_the_rows_one_process_would_choose():
+    """Under DDP each rank holds a block of the global batch: 8 rows at share 0.2 give row 4 a second draw,
+    which is rank 1's first row of two ranks of 4 (rank 0 gets none). Chosen per rank, neither would draw."""
+    cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.2})
+    torch.manual_seed(0)
+    model = ByteUNet(cfg.model, cfg.boundaries).train()
+    batch = Batch.from_sequences(random_inputs(8, 33, seed=1))
+    u, u2 = torch.rand(8, 32), torch.rand(8, 32)
+    assert model.boundaries.baseline_draw_rows(8).nonzero().flatten().tolist() == [4]
+    whole = float(accumulate_gradients(model, batch, 1, uniforms=u, baseline_uniforms=u2)["baseline_flops"])
+    per_rank = []
+    for rank, rows in enumerate((slice(0, 4), slice(4, 8))):
+        part = Batch(batch.inputs[rows], batch.targets[rows])
+        totals = {"rows": 8, "valid": batch.valid.sum(), "decided": batch.decided.sum(), "first_row": 4 * rank}
+        metrics = accumulate_gradients(model, part, 1, uniforms=u[rows], baseline_uniforms=u2[rows], totals=totals,
+                                       reduce=lambda stats: stats)
+        per_rank.append(float(metrics["baseline_flops"]))
+    assert per_rank[0] == 0 and per_rank[1] == whole > 0
+
+
+def test_a_batch_too_small_for_any_second_draw_is_refused(tmp_path):
+    cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.2})
+    with pytest.raises(ValueError, match="train.batch_size=4 with boundaries.learned.draw_share=0.2: no row gets"):
+        small_trainer(cfg, tmp_path, steps=1)
+
+
 def test_baseline_flops_count_a_forward_of_everything_after_the_encoder():
     cfg = tiny_config(learned={"batch_centering": "draw", "draw_share": 0.5})
     torch.manual_seed(0)

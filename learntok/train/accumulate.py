@@ -86,7 +86,7 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     where the strategy makes a second draw).
     `uniforms` (B, T): the draws of a sampling strategy for the whole batch; `baseline_uniforms` (B, T):
     those of its second draw, where it makes one (rows it does not choose are not read).
-    `totals` ({"rows", "valid", "decided"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
+    `totals` ({"rows", "valid", "decided", "first_row"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
     rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
     # one piece keeps its encoder graph: recomputing it would save no memory (nothing else is alive)
@@ -101,7 +101,11 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     stats: dict[str, torch.Tensor] = {}
     sums = {"loss": 0.0, "nll": 0.0, "nll_early": 0.0, "boundaries": 0.0, "tokens": 0, "token_slots": 0,
             "baseline_flops": 0}
-    baseline_rows = strategy.baseline_draw_rows(batch.inputs.shape[0])
+    # the rows of the global batch that get a second draw, then this rank's block of them (its rows are
+    # rows first_row .. of the global batch), so that every rank picks what one process picks
+    baseline_rows = strategy.baseline_draw_rows(n_rows)
+    if baseline_rows is not None and totals:
+        baseline_rows = baseline_rows[totals["first_row"]: totals["first_row"] + batch.inputs.shape[0]]
     aux_values: dict[str, torch.Tensor] = {}
 
     # phase 1: forward, backward of the local terms, batch statistics

@@ -121,6 +121,11 @@ class Trainer:
             raise ValueError(f"train.batch_size={t.batch_size}: the policy's baseline (batch_centering={centering}) "
                              f"is the mean over the batch's rows at each position, and one row's advantage is then 0: "
                              f"the policy would not learn; use 2 or more rows")
+        draws = self.model.boundaries.baseline_draw_rows(t.batch_size)
+        if draws is not None and not bool(draws.any()):
+            raise ValueError(f"train.batch_size={t.batch_size} with boundaries.learned.draw_share="
+                             f"{self.model.boundaries.options.draw_share}: no row gets the second draw "
+                             f"(batch_centering=draw), so the policy would not learn; give 1 / draw_share rows or more")
         # fused: one kernel per step, and `found_inf` lets it skip a non-finite step without a host sync
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2),
                                            weight_decay=t.weight_decay, fused=True)
@@ -371,7 +376,8 @@ class Trainer:
         """Counts over the global batch: the denominators of the per-byte means (one small all-reduce)."""
         counts = torch.stack([batch.valid.sum(), batch.decided.sum()])
         self.dist.all_reduce(counts)
-        return {"rows": batch.inputs.shape[0] * self.dist.world_size, "valid": counts[0], "decided": counts[1]}
+        return {"rows": batch.inputs.shape[0] * self.dist.world_size, "valid": counts[0], "decided": counts[1],
+                "first_row": batch.inputs.shape[0] * self.dist.rank}
 
     def train_step(self, batch: Batch) -> dict:
         """One optimizer step on the global batch (with several ranks: on this rank's share of it). Returns
