@@ -131,6 +131,21 @@ def model_with_word_start_probe(weight: float, **boundaries) -> ByteUNet:
     return ByteUNet(cfg.model, cfg.boundaries)
 
 
+@pytest.mark.parametrize("pieces", [2, 3])
+def test_micro_batches_give_the_whole_batch_gradient_while_the_policy_copies_a_rule(pieces):
+    """The imitation loss is a mean over the batch's decisions; rows with padding or document starts hold
+    fewer, so a micro-batch's own mean, weighted by its rows, would not give it (it once did)."""
+    batch = padded_batch()
+    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
+    ref_model = model_for(learned={"imitate": "word_start", "imitate_until": 1.0})
+    ref_model.boundaries.set_progress(0, 1000)  # the start of training: copying
+    acc_model = copy.deepcopy(ref_model)
+    g_ref, m_ref = one_pass(ref_model, batch, u)
+    g_acc, m_acc = accumulated(acc_model, batch, u, pieces)
+    assert_close_grads(g_acc, g_ref)
+    assert float(m_acc["loss_imitate"]) == pytest.approx(float(m_ref["loss_imitate"]), rel=1e-5)
+
+
 @pytest.mark.parametrize("strategy, pieces, group", [("learned", 3, 1), ("uniform", 2, 1), ("learned", 2, 2)])
 def test_word_start_loss_accumulates_exactly(strategy, pieces, group):
     """The probe's loss is a per-byte mean like L_auto: micro-batches give the whole batch's gradient and

@@ -269,14 +269,15 @@ class LearnedPolicy(BoundaryStrategy):
         return (inp.logp - inp.logp_early if self.options.early_exit_reward else inp.logp).detach()
 
     def batch_stats(self, bnd: Boundaries, inp: LossInputs) -> dict[str, torch.Tensor]:
-        if self.imitating:  # the imitation loss is a mean over rows: no batch statistics
-            return {}
+        if self.imitating:  # the imitation loss is a mean over the whole batch's decisions: their count
+            return {"imitated": inp.decided.sum().float()}
         return policy_batch_stats(self._rewards(inp), bnd.probs, inp.decided, inp.valid, gamma=self.options.gamma)
 
     def losses(self, bnd: PolicyBoundaries, inp: LossInputs,
                stats: dict[str, torch.Tensor] | None = None) -> dict[str, tuple[float, torch.Tensor]]:
-        if self.imitating:  # -log pi(the rule's decision), the decisions executed
-            return {"imitate": (1.0, masked_mean(-bnd.log_prob, inp.decided))}
+        if self.imitating:  # -log pi(the rule's decision), the decisions executed, over the batch's decisions
+            n = (stats["imitated"] if stats else inp.decided.sum().float()).clamp(min=1)
+            return {"imitate": (1.0, torch.where(inp.decided, -bnd.log_prob, 0.0).sum() / n)}
         loss_policy, loss_target = policy_losses(
             bnd.log_prob, bnd.logits, bnd.probs, self._rewards(inp), inp.decided, inp.valid,
             gamma=self.options.gamma, centering=self.centering, target_rate=self.cfg.target_rate,
