@@ -284,6 +284,21 @@ def test_a_second_draws_flops_in_a_group_are_counted_at_log_lines_and_resume(tmp
     assert resumed[-1]["step"] == 6 and resumed[-1]["flops"] == alone[-1]["flops"]
 
 
+def test_a_flops_budget_in_a_group_is_planned_from_every_steps_flops(tmp_path, monkeypatch):
+    """With a FLOPs budget the run's length is re-planned at every step from the FLOPs so far; in a group those
+    include every rank's tokens at once (they were added at log lines, so a run planned from too few FLOPs ran
+    a step long, 17% over its budget, on another schedule)."""
+    probe = run_single(tmp_path / "probe", steps=4, eval_every=0)
+    train = dict(flops_budget=1.5 * probe[3]["flops"], log_every=4, eval_every=0)
+    alone = run_single(tmp_path / "alone", steps=8, **train)
+    cfg = config("ddp", 8, **train)
+    with torchrun_environment(monkeypatch):
+        Trainer(cfg, tmp_path / "grouped", progress=False, data=rank_data(cfg, 0, 1)).train()
+    grouped = read_metrics(tmp_path / "grouped" / "metrics.jsonl")
+    assert [(r["step"], r["flops"], r["lr"]) for r in grouped] == [(r["step"], r["flops"], r["lr"]) for r in alone]
+    assert alone[-1]["flops"] < train["flops_budget"] + probe[0]["flops"]  # at most one step over
+
+
 @pytest.mark.slow
 def test_fsdp_two_ranks_match_one_process(single, tmp_path):
     rows = run_ranks(2, "fsdp", tmp_path / "run", steps=4)

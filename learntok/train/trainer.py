@@ -419,7 +419,11 @@ class Trainer:
             sync_gradients(self.model, self.dist)  # ddp: SUM over ranks; fsdp reduce-scattered already
             fsdp = self.dist.parallel == "fsdp"
             square = local_grad_sq(self.model).double().to(self.device) if fsdp else torch.zeros((), dtype=torch.float64, device=self.device)
-            check = torch.stack([metrics["loss"].double(), square])
+            # a FLOPs budget plans the run's end from the FLOPs every step: this rank's token count and second
+            # draws' FLOPs ride along, for one host read of the global ones (without a budget, log lines add them)
+            counts = [tokens, second_draws] if t.flops_budget is not None else []
+            check = torch.cat([torch.stack([metrics["loss"].double(), square]),
+                               torch.tensor(counts, dtype=torch.float64, device=self.device)])
             self.dist.all_reduce(check)  # the global loss and squared norm of the gradient's shards
             loss = check[0]
             if fsdp:
@@ -428,8 +432,12 @@ class Trainer:
             else:  # the gradients are the global batch's on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             self.flops += self.model.flops(int(batch.inputs.numel()) * self.dist.world_size, 0, self.model.draws)
-            self._pending[0] += tokens  # this rank's; summed over ranks by `_settle_flops`
-            self._pending[1] += second_draws
+            if counts:
+                all_tokens, all_draws = (int(x) for x in check[2:].tolist())
+                self.flops += self.model.flops(0, all_tokens) + all_draws
+            else:
+                self._pending[0] += tokens  # this rank's; summed over ranks by `_settle_flops`
+                self._pending[1] += second_draws
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~ok).float()  # the fused AdamW kernel skips the whole update when 1
         self.optimizer.step()
