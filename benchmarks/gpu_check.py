@@ -104,6 +104,7 @@ class Sizes:
     gen_batch: int = 64  # rows generated together for the batched figure
     fsdp_overrides: tuple = ("train.batch_size=8", "train.micro_batches=1", "train.precision=bf16",
                              "train.training_bytes=65536", "train.warmup_bytes=32768")
+    fsdp_seconds: int = 180  # the FSDP figure's run is stopped after this (it took 23 s on an H200)
     learn_config: str = "paper_aspect_n4"
     learn_overrides: tuple = ("train.batch_size=128", "train.micro_batches=8", "train.precision=bf16",
                               "train.compile=true", "model.attention=flex", "data.mode=packed",
@@ -161,9 +162,15 @@ def guarded(fn, *args, **kwargs) -> dict:
     try:
         return fn(*args, **kwargs)
     except Exception:  # noqa: BLE001 - reported, not hidden: the report shows it and the exit status is 1
-        text = traceback.format_exc()
-        say(text)
-        return {"error": f"{text.strip().splitlines()[-1]}\n{text[-4000:]}"}
+        return {"error": current_error()}
+
+
+def current_error() -> str:
+    """The exception being handled, said (traceback included) and returned as the report keeps errors: its
+    last line first, then the end of the traceback."""
+    text = traceback.format_exc()
+    say(text)
+    return f"{text.strip().splitlines()[-1]}\n{text[-4000:]}"
 
 
 def sync(device: torch.device) -> None:
@@ -358,8 +365,10 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
     """Each figure is saved into the report as soon as it is measured, and a figure of several parts after
     each (a command stopped at its time limit keeps what it measured); a figure that would start after
     `--stage-seconds` is skipped and says so. Every figure is called as fn(args, sizes, device, work, keep):
-    `keep(results so far)` saves a part-finished figure, marked `unfinished`."""
+    `keep(results so far)` saves a part-finished figure, marked `unfinished`; a figure that then fails keeps
+    those results beside its error."""
     out, start = {}, time.perf_counter()
+    args.figures_deadline = start + args.stage_seconds  # the throughput figure leaves out its extras after it
     # compiled generation last: compiling its step took minutes on an H100's host
     for name, fn in (("scan", figure_scan), ("throughput", figure_throughput), ("fsdp", figure_fsdp),
                      ("attention", figure_attention), ("generation", figure_generation),
@@ -373,7 +382,10 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
         def keep(partial: dict, name=name, began=began) -> None:
             out[name] = {**partial, "unfinished": True, "figure_seconds": round(time.perf_counter() - began, 1)}
             save(out)
-        out[name] = guarded(fn, args, sizes, device, work, keep)
+        result = guarded(fn, args, sizes, device, work, keep)
+        if "error" in result and out.get(name, {}).get("unfinished"):  # what it measured before it failed
+            result = {**out[name], **result}
+        out[name] = result
         out[name]["figure_seconds"] = round(time.perf_counter() - began, 1)  # compilation included: for planning runs
         say(f"== figure {name}: {out[name]['figure_seconds']} s")
         save(out)
@@ -460,30 +472,51 @@ def figure_throughput(args, sizes: Sizes, device: torch.device, work: Path, keep
     if keep:
         keep(result)  # the profile and the larger micro-batch take minutes more
     missed = device.type == "cuda" and (ratio > TARGETS["learned_over_uniform"] or (rows[0]["mfu"] or 0) < TARGETS["mfu"])
-    if missed or args.dry_run:  # where the time goes (the dry run builds the tables too, to test these lines)
-        learned, uniform = (profile_steps(r, row["step_s"], device) for r, row in zip(runs[:2], rows[:2]))
-        result["profile"] = learned.pop("table")
-        result["device_busy"] = {"learned": learned["device_busy"], "uniform": uniform["device_busy"]}
-        result["learned_extra_kernels"] = kernel_difference(learned["kernel_ms"], uniform["kernel_ms"])
-        result["kernel_ms_by_kind"] = {"learned": kernels_by_kind(learned["kernel_ms"]),
-                                       "uniform": kernels_by_kind(uniform["kernel_ms"])}
-        result["learned_other_kernels"] = top_other_kernels(learned["kernel_ms"])
-        result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
-        result["sync_sources"] = {"learned": learned["sync_sources"], "uniform": uniform["sync_sources"]}
-        result["runtime_call_difference"] = runtime_call_difference(learned["runtime_calls"], uniform["runtime_calls"])
-        say(result["profile"])
-        say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
+    if (missed or args.dry_run) and not past_deadline(args, result, "profile"):
+        try:  # where the time goes (the dry run builds the tables too, to test these lines)
+            profile_throughput(result, runs, rows, device)
+        except Exception:  # noqa: BLE001 - the rows above are the figure; the profile only explains them
+            result["profile_error"] = current_error()
         if keep:
             keep(result)
     # last and alone, the other runs' memory freed: a micro-batch too large for the GPU fails only its row
     del runs
     free_memory(device)
+    if past_deadline(args, result, "big_row"):
+        return result
     big_spec = (f"learned, {fast}, {big} rows", "learned", fast, (f"train.batch_size={big}",))
     try:
         measure([big_spec], [run(*big_spec[1:])])
     except Exception:  # noqa: BLE001 - recorded in the report
-        result["error"] = f"the row {big_spec[0]!r}:\n{traceback.format_exc()}"
+        result["big_row_error"] = f"the row {big_spec[0]!r}: {current_error()}"
     return result
+
+
+def past_deadline(args, result: dict, part: str, margin: float = 60.0) -> bool:
+    """Whether the figures stage has less than `margin` seconds left for an optional `part` of a figure; if so
+    the result says it was left out."""
+    deadline = getattr(args, "figures_deadline", None)
+    if deadline is None or deadline - time.perf_counter() >= margin:
+        return False
+    result[f"{part}_skipped"] = f"left out: under {margin:.0f} s of the figures stage's --stage-seconds were left"
+    say(result[f"{part}_skipped"])
+    return True
+
+
+def profile_throughput(result: dict, runs: list, rows: list, device: torch.device) -> None:
+    """The kernel profile, busy share, host syncs and runtime calls of the learned and uniform runs, into `result`."""
+    learned, uniform = (profile_steps(r, row["step_s"], device) for r, row in zip(runs[:2], rows[:2]))
+    result["profile"] = learned.pop("table")
+    result["device_busy"] = {"learned": learned["device_busy"], "uniform": uniform["device_busy"]}
+    result["learned_extra_kernels"] = kernel_difference(learned["kernel_ms"], uniform["kernel_ms"])
+    result["kernel_ms_by_kind"] = {"learned": kernels_by_kind(learned["kernel_ms"]),
+                                   "uniform": kernels_by_kind(uniform["kernel_ms"])}
+    result["learned_other_kernels"] = top_other_kernels(learned["kernel_ms"])
+    result["host_syncs"] = {"learned": host_syncs(runs[0], device), "uniform": host_syncs(runs[1], device)}
+    result["sync_sources"] = {"learned": learned["sync_sources"], "uniform": uniform["sync_sources"]}
+    result["runtime_call_difference"] = runtime_call_difference(learned["runtime_calls"], uniform["runtime_calls"])
+    say(result["profile"])
+    say("device busy:", result["device_busy"], "host syncs per step:", result["host_syncs"])
 
 
 def figure_attention(args, sizes: Sizes, device: torch.device, work: Path, keep=None) -> dict:
@@ -517,6 +550,13 @@ def figure_attention(args, sizes: Sizes, device: torch.device, work: Path, keep=
     training = f"{sizes.attention}, softcap {m.attn_softcap}"
     variants = ((training, m.attn_softcap, sizes.attention), ("SDPA causal, whole length, no softcap", None, "sdpa"),
                 (f"{sizes.attention}, no softcap", None, sizes.attention))
+
+    def result(rows: list) -> dict:
+        training_rows = [r for r in rows if r["kernel"] == training]
+        per_step = (sum(r["layers"] * r["forward_backward_ms"] for r in training_rows)
+                    if all("forward_backward_ms" in r for r in training_rows) else None)
+        return {"batch": B, "heads": H, "head_dim": hd, "precision": str(dtype).removeprefix("torch."),
+                "repeats": sizes.attention_repeats, "rows": rows, "training_kernel_per_step_ms": per_step}
     rows = []
     for level, length, layer_window, layers in (("byte", T, m.window, m.n_down_layers + m.n_up_layers),
                                                 ("token", M, None, m.n_mid_layers)):
@@ -524,21 +564,31 @@ def figure_attention(args, sizes: Sizes, device: torch.device, work: Path, keep=
         grad = torch.randn_like(q)
         for name, cap, kernel in variants:
             window = None if kernel == "sdpa" else layer_window
+            row = {"level": level, "kernel": name, "length": length, "window": window, "layers": layers}
+            rows.append(row)
 
             def forward_backward():
                 torch.autograd.grad(attend(q, k, v, window, cap, kernel), (q, k, v), grad)
-            # the forward with autograd recording, as in training: one compiled graph serves both timings
-            forward_ms = timed(lambda: attend(q, k, v, window, cap, kernel), sizes.attention_repeats, device)
-            both_ms = timed(forward_backward, sizes.attention_repeats, device)
+            try:  # a variant that fails to compile (a symbolic length) costs only its own row
+                # the forward with autograd recording, as in training: one compiled graph serves both timings
+                forward_ms = timed(lambda: attend(q, k, v, window, cap, kernel), sizes.attention_repeats, device)
+                both_ms = timed(forward_backward, sizes.attention_repeats, device)
+            except Exception:  # noqa: BLE001 - the row says what failed, and the figure's status is an error
+                row["error"] = current_error()
+                continue
             flops = 4 * hd * attended_pairs(length, window) * B * H
-            rows.append({"level": level, "kernel": name, "length": length, "window": window, "layers": layers,
-                         "forward_ms": forward_ms, "forward_backward_ms": both_ms,
-                         "forward_backward_tflops": 3 * flops / both_ms / 1e9})
+            row.update(forward_ms=forward_ms, forward_backward_ms=both_ms,
+                       forward_backward_tflops=3 * flops / both_ms / 1e9)
             say(f"{level} level, {name}: forward {forward_ms:.3f} ms, forward + backward {both_ms:.3f} ms "
-                f"({rows[-1]['forward_backward_tflops']:.1f} TFLOP/s on the attended pairs)")
-    per_step = sum(r["layers"] * r["forward_backward_ms"] for r in rows if r["kernel"] == training)
-    return {"batch": B, "heads": H, "head_dim": hd, "precision": str(dtype).removeprefix("torch."),
-            "repeats": sizes.attention_repeats, "rows": rows, "training_kernel_per_step_ms": per_step}
+                f"({row['forward_backward_tflops']:.1f} TFLOP/s on the attended pairs)")
+            if keep:
+                keep(result(rows))
+
+    out = result(rows)
+    failed = [f"{r['level']} level, {r['kernel']}" for r in rows if "error" in r]
+    if failed:
+        out["error"] = f"{len(failed)} attention variant(s) failed: {'; '.join(failed)} (their rows say why)"
+    return out
 
 
 def attended_pairs(length: int, window: int | None) -> int:
@@ -806,18 +856,26 @@ def figure_generation(args, sizes: Sizes, device: torch.device, work: Path, keep
     n, rows = sizes.gen_bytes, sizes.gen_batch
     cached, t_cached = timed_generation(model, device, n)
     full, t_full = timed_generation(model, device, n, use_cache=False, pad_uncached=False)
-    _, t_batch = timed_generation(model, device, n, prompt=batch_prompts(sizes))
-    _, t_mixed = timed_generation(model, device, n, prompt=batch_prompts(sizes, mixed=True))
     same = cached.data == full.data and cached.boundaries == full.boundaries
     result = {"config": sizes.model_config, "bytes": n, "batch": 1, "precision": "fp32",
               "cached_bytes_s": n / t_cached, "full_forward_bytes_s": n / t_full, "speedup": t_full / t_cached,
-              "batched_rows": rows, "batched_bytes_s": rows * n / t_batch, "mixed_lengths_bytes_s": rows * n / t_mixed,
+              "batched_rows": rows, "batched_bytes_s": None, "mixed_lengths_bytes_s": None,
               "same_bytes_and_boundaries": same}
-    say(f"generation, {n} bytes: cached {n / t_cached:,.1f} bytes/s, full forward per byte {n / t_full:,.1f} bytes/s "
-        f"({t_full / t_cached:.1f}x), {rows} rows at once {rows * n / t_batch:,.1f} bytes/s in all "
-        f"({rows * n / t_mixed:,.1f} for prompts of {rows} lengths); same bytes and boundaries: {same}")
     if not same:
         result["error"] = "cached generation differs from a full forward pass per byte"
+    say(f"generation, {n} bytes: cached {n / t_cached:,.1f} bytes/s, full forward per byte {n / t_full:,.1f} bytes/s "
+        f"({t_full / t_cached:.1f}x); same bytes and boundaries: {same}")
+    for key, mixed in (("batched", False), ("mixed_lengths", True)):  # each batch on its own: a failure costs only it
+        if keep:
+            keep(result)
+        try:
+            _, seconds = timed_generation(model, device, n, prompt=batch_prompts(sizes, mixed=mixed))
+        except Exception:  # noqa: BLE001 - recorded in the report
+            result[f"{key}_error"] = current_error()
+            continue
+        result[f"{key}_bytes_s"] = rows * n / seconds
+        say(f"{rows} prompts {'of as many lengths' if mixed else 'of one length'} at once: "
+            f"{rows * n / seconds:,.1f} bytes/s in all")
     return result
 
 
@@ -828,13 +886,21 @@ def figure_compiled_generation(args, sizes: Sizes, device: torch.device, work: P
     n, rows = sizes.gen_bytes, sizes.gen_batch
     plain, _ = timed_generation(model, device, n)
     compiled, t_compiled = timed_generation(model, device, n, compile=True)
-    _, t_batch = timed_generation(model, device, n, prompt=batch_prompts(sizes), compile=True)
     result = {"config": sizes.model_config, "bytes": n, "precision": "fp32", "batched_rows": rows,
-              "compiled_bytes_s": n / t_compiled, "compiled_batched_bytes_s": rows * n / t_batch,
+              "compiled_bytes_s": n / t_compiled, "compiled_batched_bytes_s": None,
               # logits within 1e-4 of the plain step's: a draw at a knife edge may still differ on a GPU
               "compiled_same_bytes": compiled.data == plain.data}
-    say(f"compiled generation, {n} bytes: {n / t_compiled:,.1f} bytes/s, {rows} rows at once "
-        f"{rows * n / t_batch:,.1f} bytes/s in all; the same bytes as the plain step: {result['compiled_same_bytes']}")
+    say(f"compiled generation, {n} bytes: {n / t_compiled:,.1f} bytes/s; the same bytes as the plain step: "
+        f"{result['compiled_same_bytes']}")
+    if keep:
+        keep(result)  # compiling the batched step takes minutes more
+    try:
+        _, t_batch = timed_generation(model, device, n, prompt=batch_prompts(sizes), compile=True)
+    except Exception:  # noqa: BLE001 - recorded in the report
+        result["batched_error"] = current_error()
+        return result
+    result["compiled_batched_bytes_s"] = rows * n / t_batch
+    say(f"compiled generation, {rows} rows at once: {rows * n / t_batch:,.1f} bytes/s in all")
     return result
 
 
@@ -851,7 +917,13 @@ def figure_fsdp(args, sizes: Sizes, device: torch.device, work: Path, keep=None)
            *sizes.fsdp_overrides]
     say("running:", " ".join(cmd[1:]))
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:  # a process group that hangs (NCCL setup, a collective) must not take the figures after it
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=sizes.fsdp_seconds,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired as e:
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        return {"command": " ".join(["torchrun"] + cmd[3:]), "returncode": None, "seconds": sizes.fsdp_seconds,
+                "error": f"one-process torchrun fsdp run stopped after {sizes.fsdp_seconds} s:\n{output[-2000:]}"}
     output = proc.stdout + proc.stderr
     say(output[-2000:])
     result = {"command": " ".join(["torchrun"] + cmd[3:]), "returncode": proc.returncode,
@@ -1158,22 +1230,25 @@ def render_figures(fig: dict) -> list[str]:
                 "| level | kernel | positions | window | layers | forward (ms) | forward + backward (ms) | TFLOP/s |",
                 "|---|---|---|---|---|---|---|---|"]
         out += [f"| {r['level']} | {r['kernel']} | {r['length']} | {r['window'] or 'all'} | {r['layers']} | "
-                f"{r['forward_ms']:.3f} | {r['forward_backward_ms']:.3f} | {r['forward_backward_tflops']:.1f} |"
+                + (f"failed: {r['error'].partition(chr(10))[0][:200]} | | |" if "error" in r else
+                   f"{r['forward_ms']:.3f} | {r['forward_backward_ms']:.3f} | {r['forward_backward_tflops']:.1f} |")
                 for r in att["rows"]]
         out += ["", f"The training kernel over the step's layers (each level's layers x its forward + backward): "
-                f"{att['training_kernel_per_step_ms']:.2f} ms per step, beside the profile's attention kernels.", ""]
+                f"{fmt(att['training_kernel_per_step_ms'], '.2f')} ms per step, beside the profile's attention "
+                f"kernels.", ""]
     gen = fig.get("generation", {})
     if "cached_bytes_s" in gen:
         out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "
                 f"{gen['cached_bytes_s']:,.1f} bytes/s, a full forward pass per byte {gen['full_forward_bytes_s']:,.1f} bytes/s "
-                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {gen['batched_bytes_s']:,.1f} bytes/s in all "
-                f"({gen.get('mixed_lengths_bytes_s', float('nan')):,.1f} for prompts of {gen['batched_rows']} lengths); "
+                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {fmt(gen.get('batched_bytes_s'), ',.1f')} "
+                f"bytes/s in all ({fmt(gen.get('mixed_lengths_bytes_s'), ',.1f')} for prompts of {gen['batched_rows']} "
+                f"lengths); "
                 f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
     gen = fig.get("compiled_generation", {})
     if "compiled_bytes_s" in gen:
         out += [f"**Compiled generation** (`generate(compile=True)`), {gen['config']}, {gen['precision']}, {gen['bytes']} "
                 f"bytes: {gen['compiled_bytes_s']:,.1f} bytes/s at batch 1, {gen['batched_rows']} prompts at once "
-                f"{gen['compiled_batched_bytes_s']:,.1f} bytes/s in all; the same bytes as the plain step: "
+                f"{fmt(gen.get('compiled_batched_bytes_s'), ',.1f')} bytes/s in all; the same bytes as the plain step: "
                 f"{gen['compiled_same_bytes']}", ""]
     fsdp = fig.get("fsdp", {})
     if "returncode" in fsdp:
@@ -1193,6 +1268,13 @@ def render_figures(fig: dict) -> list[str]:
         if "error" in item:  # its first line says what failed (a traceback's end would cut it off)
             what, _, details = item["error"].partition("\n")
             out += [f"**{name} failed:** {what}", ""] + (["```", details[-1500:], "```", ""] if details else [])
+        for key, value in item.items():  # a part of a figure left out or failed; the rest of it stands
+            part = key.removesuffix("_skipped").removesuffix("_error").replace("_", " ")
+            if key.endswith("_skipped"):
+                out += [f"**{name}, {part}**: {value}", ""]
+            elif key.endswith("_error") and key != "fast_attention_error":  # that one has its paragraph above
+                what, _, details = str(value).partition("\n")
+                out += [f"**{name}, {part} failed:** {what}", ""] + (["```", details[-1500:], "```", ""] if details else [])
     return out
 
 
@@ -1298,8 +1380,10 @@ def training_table(learn: dict, rows: int = 8) -> list[str]:
 
 
 def has_error(part) -> bool:
+    """Whether a report part holds an error: a figure's, or one of its parts' (`profile_error`, and
+    `fast_attention_error`: FlexAttention failed and the figure fell back on blocked attention)."""
     if isinstance(part, dict):
-        return "error" in part or any(has_error(v) for v in part.values())
+        return any(k == "error" or k.endswith("_error") for k in part) or any(has_error(v) for v in part.values())
     return False
 
 
@@ -1308,14 +1392,27 @@ def write_report(out_dir: Path) -> Path:
     report.json (a kept report, rendered again by this version)."""
     files = sorted(out_dir.glob("part_*.json"))
     if files:
-        parts = {p.stem.removeprefix("part_"): json.loads(p.read_text()) for p in files}
+        parts = {}
+        for p in files:
+            try:
+                parts[p.stem.removeprefix("part_")] = json.loads(p.read_text())
+            except ValueError as e:  # cut short by a killed command: the other parts still make a report
+                say(f"{p}: unreadable ({e}); left out of the report")
     elif (out_dir / "report.json").exists():
         parts = json.loads((out_dir / "report.json").read_text())
     else:
         raise FileNotFoundError(f"{out_dir} holds no part_*.json and no report.json to report on")
-    (out_dir / "report.json").write_text(json.dumps(parts, indent=1))
-    (out_dir / "report.md").write_text(render(parts))
+    write_atomically(out_dir / "report.json", json.dumps(parts, indent=1))
+    write_atomically(out_dir / "report.md", render(parts))
     return out_dir / "report.md"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path` by way of a temporary file renamed over it: a command killed while writing leaves the
+    old file whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -1349,7 +1446,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="tests stage: stop the CUDA tests after this many seconds (default 360), so that a test that "
                         "hangs leaves the stages after it their time; the results of those that ran are kept")
     p.add_argument("--stage-seconds", type=float, default=480.0,
-                   help="figures stage: start no figure after this many seconds (default 480: a 10-minute command)")
+                   help="figures stage: start no figure after this many seconds, and leave out the throughput "
+                        "figure's profile and larger micro-batch when under a minute of them is left (default 480; "
+                        "a figure that starts just before the limit runs to its end: the compiled generation "
+                        "figure took minutes on a GPU host)")
     p.add_argument("--dry-run", action="store_true",
                    help=f"every stage on a CPU with tiny sizes (a given --flops capped at {Sizes.dry().max_flops:.0e})")
     args = p.parse_args(argv)
@@ -1390,7 +1490,7 @@ def main(argv: list[str] | None = None) -> int:
                 """This stage's part of the report, rewritten as it grows (`partial` until it is done)."""
                 part = {"meta": {**meta, "seconds": round(time.perf_counter() - start, 1), "partial": not done},
                         "result": result}
-                (out_dir / f"part_{name}.json").write_text(json.dumps(part, indent=1, default=str))
+                write_atomically(out_dir / f"part_{name}.json", json.dumps(part, indent=1, default=str))
                 return write_report(out_dir)
 
             result = guarded(fn, Path(tmp), save)

@@ -514,3 +514,103 @@ def test_attended_pairs_count_the_unmasked_entries_of_the_pattern():
         query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
         mask = (key <= query) & ((query - key < window) if window else True)
         assert attended_pairs(length, window) == int(mask.sum()), (length, window)
+
+
+def test_a_figure_that_fails_after_keeping_results_keeps_them(tmp_path, monkeypatch):
+    """The training-step figure keeps its rows, then its profile fails: the rows stay in the report beside the
+    error (they were once replaced by it)."""
+    import argparse
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    def measured_then_failed(args, sizes, device, work, keep):
+        keep({"rows": [{"run": "learned"}], "learned_over_uniform": 1.05})
+        raise RuntimeError("the profiler failed")
+
+    for name in ("figure_scan", "figure_fsdp", "figure_attention", "figure_generation", "figure_compiled_generation"):
+        monkeypatch.setattr(gpu_check, name, lambda *args, **kwargs: {"ms": 1.0})
+    monkeypatch.setattr(gpu_check, "figure_throughput", measured_then_failed)
+    out = gpu_check.stage_figures(argparse.Namespace(stage_seconds=100), None, torch.device("cpu"), tmp_path,
+                                  save=lambda partial: None)
+    throughput = out["throughput"]
+    assert throughput["rows"] == [{"run": "learned"}] and throughput["learned_over_uniform"] == 1.05
+    assert throughput["error"].startswith("RuntimeError: the profiler failed") and out["scan"] == {
+        "ms": 1.0, "figure_seconds": out["scan"]["figure_seconds"]}
+
+
+def test_parts_of_figures_that_fail_are_reported_and_set_the_status():
+    """A figure's own parts can fail or be left out while the rest of it stands; each says so in the report,
+    and any failure makes the command's status 1 (a FlexAttention that failed once passed as 0)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import has_error, past_deadline, render_figures
+    import argparse
+    assert has_error({"figures": {"throughput": {"fast_attention_error": "E"}}})
+    assert has_error({"figures": {"generation": {"mixed_lengths_error": "E"}}}) and not has_error({"a": {"b": 1}})
+    result = {}
+    assert past_deadline(argparse.Namespace(figures_deadline=time.perf_counter() + 30), result, "profile")
+    assert not past_deadline(argparse.Namespace(figures_deadline=time.perf_counter() + 300), result, "big_row")
+    assert not past_deadline(argparse.Namespace(), result, "big_row")  # the learn stage sets no deadline
+    text = "\n".join(render_figures({"throughput": {**result, "big_row_error": "the row 'learned, flex, 32 rows': "
+                                                    "OutOfMemoryError\nTraceback ..."},
+                                     "attention": {"batch": 4, "heads": 2, "head_dim": 8, "precision": "bf16",
+                                                   "repeats": 3, "training_kernel_per_step_ms": None,
+                                                   "rows": [{"level": "token", "kernel": "flex", "length": 9,
+                                                             "window": None, "layers": 2,
+                                                             "error": "InductorError: CantSplit\nTraceback"}]}}))
+    assert "**throughput, profile**: left out: under 60 s" in text
+    assert "**throughput, big row failed:** the row 'learned, flex, 32 rows': OutOfMemoryError" in text
+    assert "| token | flex | 9 | all | 2 | failed: InductorError: CantSplit | | |" in text
+    assert "n/a ms per step" in text
+
+
+def test_attention_variants_fail_one_by_one(tmp_path, monkeypatch):
+    """A variant that fails to compile costs its own row, not the rows measured before it."""
+    import argparse
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import scan
+    from gpu_check import Sizes, figure_attention
+    real = scan.timed
+
+    def timed(fn, repeats, device):
+        if len(calls) == 2:
+            calls.append(1)
+            raise RuntimeError("CantSplit")
+        calls.append(1)
+        return real(fn, repeats, device)
+
+    calls = []
+    monkeypatch.setattr(scan, "timed", timed)
+    kept = []
+    result = figure_attention(argparse.Namespace(), Sizes.dry(), torch.device("cpu"), tmp_path,
+                              keep=lambda partial: kept.append(len(partial["rows"])))
+    rows = result["rows"]
+    assert len(rows) == 6 and "error" in rows[1] and sum("error" in r for r in rows) == 1
+    assert "forward_backward_ms" in rows[0] and "forward_backward_ms" in rows[2]
+    assert result["error"].startswith("1 attention variant(s) failed: byte level, SDPA causal")
+    assert kept and kept[-1] == 6
+
+
+def test_a_part_cut_short_is_left_out_of_the_report(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import write_report
+    meta = {"date": "2026-12-01 00:00 UTC", "device": "cpu", "commit": "abc", "dry_run": True, "command": "c",
+            "seconds": 1, "partial": False}
+    (tmp_path / "part_figures.json").write_text(json.dumps({"meta": meta, "result": {"scan": {"error": "E: x"}}}))
+    (tmp_path / "part_tests.json").write_text('{"meta": {"date": ')  # a command killed while it wrote
+    report = write_report(tmp_path).read_text()
+    assert "**scan failed:** E: x" in report and list(json.loads((tmp_path / "report.json").read_text())) == ["figures"]
+
+
+def test_an_fsdp_run_that_hangs_is_stopped_and_said_so(tmp_path, monkeypatch):
+    import argparse
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    def hangs(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"], output="starting\n", stderr=b"NCCL init")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", hangs)
+    result = gpu_check.figure_fsdp(argparse.Namespace(), gpu_check.Sizes.dry(), torch.device("cpu"), tmp_path)
+    assert result["error"].startswith("one-process torchrun fsdp run stopped after 180 s") and "NCCL init" in result["error"]
+    assert "**fsdp failed:** one-process torchrun fsdp run stopped after 180 s" in "\n".join(
+        gpu_check.render_figures({"fsdp": result}))
