@@ -293,3 +293,20 @@ def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path, capsys
         assert main(["generate", str(tmp_path / "run"), "--prompt", "hi", *compile]) == 2
         out, err = capsys.readouterr()
         assert err.startswith("learntok generate: error: ") and "cannot generate" in err and out == ""
+
+
+def test_replacing_a_track_whose_files_are_missing_keeps_the_new_ones(tmp_path):
+    """A damaged dataset lists track files that are gone: the replacement may take their names, and then
+    must not delete them as the old track's."""
+    from learntok.data.shards import DatasetWriter, open_split
+    out = tmp_path / "ds"
+    with DatasetWriter(out) as w:
+        for d in corpus():
+            w.add("train", d)
+        w.add("val", corpus(seed=1)[0])
+        w.commit({"source": ["test"]})
+    add_bpe_track(out, 0.3, max_vocab=1000)
+    for f in out.rglob("track-bpe_*.bin"):
+        f.unlink()
+    add_bpe_track(out, 0.3, max_vocab=1000)
+    assert len(open_split(out, "train").track("bpe").doc(0)) == len(open_split(out, "train").doc(0))

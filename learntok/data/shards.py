@@ -403,8 +403,9 @@ def add_track(path: str | Path, name: str, compute, info: dict[str, Any], batch_
         raise
     for split_name, split_entry in dataset.meta["splits"].items():  # the old track's files
         for shard in split_entry["shards"]:
-            if name in shard.get("tracks", {}):
-                (dataset.path / split_name / shard["tracks"][name]).unlink(missing_ok=True)
+            old = dataset.path / split_name / shard.get("tracks", {}).get(name, "")
+            if name in shard.get("tracks", {}) and old not in written:  # (a missing old file's name was free)
+                old.unlink(missing_ok=True)
     return meta["tracks"][name]
 
 
