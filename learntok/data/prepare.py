@@ -10,7 +10,7 @@ Boundary tracks (see `shards.py`, `learntok.data.bpe`):
 - a user's segmentation (strategy `file`): `boundary_field` (JSON Lines: a list of token end byte offsets
   per record) or `boundary_separator` (a string marking the cuts in the text, removed when stored),
   shifted right by `boundary_shift` bytes, written with the shards as the `file` track;
-- BPE guidance (strategy `bpe`): with `bpe_rate`, once the shards are in place a byte-level BPE is fitted
+- BPE guidance (strategy `bpe`): with `bpe_rate`, once the shards are written a byte-level BPE is fitted
   to the training split at that rate, saved as `bpe/tokenizer.json`, and the shifted token ends of every
   document are written as the `bpe` track (`add_bpe_track`, also usable on an existing dataset), all
   before the dataset moves into place: a failed fit leaves no dataset behind.
