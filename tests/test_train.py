@@ -509,13 +509,26 @@ def test_resume_refuses_data_prepared_again_from_other_text(tmp_path, capsys):
     assert cli_main(["train", "--config", str(cfg_path), "--run-dir", str(run_dir), "--no-progress"]) == 0
     assert cli_main([*prepare, str(corpus)]) == 0
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=768"]) == 0
-    shouted = tmp_path / "shouted.jsonl.gz"  # the same sizes, other bytes
-    shouted.write_bytes(gzip.compress(gzip.decompress(corpus.read_bytes()).replace(b"quick", b"QUICK")))
+    shouted = tmp_path / "shouted.jsonl.gz"  # the same sizes, other bytes, each document in its split
+    shouted.write_bytes(gzip.compress("".join(json.dumps({"text": same_split_other_text(json.loads(line)["text"])}) + "\n"
+                                              for line in gzip.decompress(corpus.read_bytes()).decode().splitlines()).encode()))
     assert cli_main([*prepare, str(shouted)]) == 0
     capsys.readouterr()
     assert cli_main(["train", "--resume", str(run_dir), "--no-progress", "train.training_bytes=1024"]) == 2
     assert "holds other documents than when this state was saved" in capsys.readouterr().err
     assert ckpt_io.read_state(ckpt_io.latest_checkpoint(run_dir))["step"] == 3
+
+
+def same_split_other_text(text: str) -> str:
+    """`text` with one word capitalised where that leaves it in the same split (`learntok prepare`'s split
+    follows the text; seed 0, --val-fraction 0.1): as long, other bytes."""
+    from learntok.data.prepare import is_val
+    split = is_val(text.encode(), 0, 0.1)
+    for word in re.findall(r"\b[a-z]+\b", text):
+        other = text.replace(word, word.upper(), 1)
+        if is_val(other.encode(), 0, 0.1) == split:
+            return other
+    return text
 
 
 def test_missing_data_directory_says_how_to_make_one(tmp_path, capsys):
