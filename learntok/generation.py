@@ -285,8 +285,8 @@ def score_texts(model, texts: Sequence[str | bytes], *, seed: int = 0, samples: 
     data = [_encode(text) for text in texts]
     was_training = model.training
     try:
-        scorer = UNetScorer(model, samples=samples, seed=seed, max_len=context or default_context(model),
-                            batch_size=batch_size)
+        max_len = default_context(model) if context is None else context
+        scorer = UNetScorer(model, samples=samples, seed=seed, max_len=max_len, batch_size=batch_size)
         results = scorer.score([(b"", d) for d in data])
     finally:
         model.train(was_training)

@@ -254,6 +254,14 @@ def test_prepared_directory_val_split(capsys, run_dir, tmp_path):
     res = json.loads(out)["rows"][0]["results"]["heldout"]
     assert res["n"] == len(val) > 1
     assert res["extra"]["n_bytes"] == int(val.doc_lengths().sum())
+    # quantile mode given the same directory to calibrate on takes its training split, not the text it scores
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--data", tmp_path / "prep", "--boundaries", "quantile",
+                             "--calibration-data", tmp_path / "prep", "--json", "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["meta"]["checkpoints"]["tiny"]["calibration"]["source"] == f"{tmp_path / 'prep'} (train split)"
+    # two checkpoints of one row name are refused before they are scored
+    code, _, err = run_cli(capsys, "--checkpoint", run_dir, "--checkpoint", run_dir, "--data", tmp_path / "prep")
+    assert code == 2 and "several checkpoints make the row 'tiny': give each a --name" in err
 
 
 def test_a_file_run_scores_a_prepared_directory_with_its_segmentation(capsys, tmp_path, text_file):

@@ -56,14 +56,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples", type=int, default=1, help="K draws per item in sampled mode, averaged (default 1)")
     g.add_argument("--seed", type=int, default=0, help="seed of the boundary draws (default 0)")
     g.add_argument("--calibration-data", metavar="SOURCE",
-                   help="quantile mode: text to calibrate the threshold on (default: the training split of "
-                        "the data the run trained on, never the held-out text it scores)")
+                   help="quantile mode: text to calibrate the threshold on, as --data names it (of demo or a "
+                        "prepared directory, its training split; default: the training split of the data the run "
+                        "trained on, never the held-out text it scores)")
     g = p.add_argument_group("compute")
     g.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
     g.add_argument("--max-len", type=int, help="bytes per row (default: the run's train.seq_len); longer items "
                                                "lose context from the left")
     g.add_argument("--overlap", type=int, help="context bytes carried into each further window of a long "
-                                               "document (default: max-len / 2)")
+                                               "document, the last taking as many more as fit (default: "
+                                               "max-len / 2)")
     g.add_argument("--device", default="auto", help="auto (cuda when there is one), cpu, cuda, cuda:N")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     g.add_argument("--compile", action="store_true",
@@ -121,6 +123,15 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--device: {e}") from None
     if args.name and len(args.name) != len(args.checkpoint):
         raise CommandError(f"{len(args.name)} --name for {len(args.checkpoint)} --checkpoint")
+    names = args.name or [_row_name(c) for c in args.checkpoint]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # rows are keyed by name: a second row of one name would replace the first
+        raise CommandError(f"several checkpoints make the row {', '.join(map(repr, twice))}: give each a --name")
+    for flag, value in (("--limit", args.limit), ("--max-docs", args.max_docs), ("--max-bytes", args.max_bytes)):
+        if value is not None and value < 0:
+            raise CommandError(f"{flag} must be >= 0, got {value}")
+    if args.max_len is not None and args.max_len < 1:
+        raise CommandError(f"--max-len must be >= 1, got {args.max_len}")
     tasks: list[str] = list(SUITES[args.suite]) if args.suite else []
     if args.tasks:
         for t in args.tasks.split(","):
@@ -142,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     meta: dict = {"checkpoints": {}, "tasks": tasks, "limit": args.limit, "heldout": None,
                   "eval_dir": str(eval_dir) if eval_dir else None}
     for i, ckpt in enumerate(args.checkpoint):
-        name = args.name[i] if args.name else _row_name(ckpt)
+        name = names[i]
         try:
             scorer = UNetScorer.from_run(ckpt, device=args.device, max_len=args.max_len, overlap=args.overlap,
                                          mode=args.boundaries, samples=args.samples, seed=args.seed,
@@ -168,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
             _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
-            if args.max_docs is not None and args.max_docs > 1 and len(heldout_docs) == 1:
+            if args.max_docs is not None and args.max_docs > 1 and len(heldout_docs) == 1 and not args.max_bytes:
                 _say(f"--max-docs {args.max_docs} leaves {what} whole: it is one text (a demo corpus stream or a "
                      f"plain-text file); --max-bytes shortens it")
         heldout_bits = None
@@ -231,8 +242,8 @@ def _line(res) -> str:
     spread = f" (spread over draws {spread:.4f})" if spread is not None else ""
     rate = res.extra.get("boundary_rate")
     rate = f", boundary rate {rate:.3f}" if rate is not None and not math.isnan(rate) else ""
-    return (f"{res.name}: {res.bpb:.4f} \u00b1 {res.bpb_se:.4f} bpb{spread}{acc}{rate}, "
-            f"n={res.n:,}, {res.seconds:.1f} s")
+    se = f" \u00b1 {res.bpb_se:.4f}" if math.isfinite(res.bpb_se) else ""  # none for one text in one window
+    return f"{res.name}: {res.bpb:.4f}{se} bpb{spread}{acc}{rate}, n={res.n:,}, {res.seconds:.1f} s"
 
 
 def _notes(meta: dict, args) -> list[str]:

@@ -29,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "fixes, the same for every text (default 1; a deterministic strategy draws once)")
     p.add_argument("--seed", type=int, default=0, help="seed of the boundary draws (default 0)")
     p.add_argument("--context", type=int, default=None, metavar="N",
-                   help="bytes per forward pass; longer documents are scored in windows overlapping by half, "
-                        "as learntok eval does (default: the training sequence length)")
+                   help="bytes per forward pass; longer documents are scored in windows, each later one after half "
+                        "a window of context, as learntok eval does (default: the training sequence length)")
     p.add_argument("--show", type=int, default=20, help="print at most this many per-document rows (default 20)")
     p.add_argument("--json", action="store_true", help="print one JSON line per document, then the total")
     p.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
@@ -83,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.texts and not args.file:
         raise CommandError("give TEXT arguments or --file F")
-    if min(args.samples, args.batch_size, args.context or 1) < 1:
+    if min(args.samples, args.batch_size, 1 if args.context is None else args.context) < 1:
         raise CommandError("--samples, --batch-size and --context must be >= 1")
+    if args.limit is not None and args.limit < 0:
+        raise CommandError(f"--limit must be >= 0, got {args.limit}")
     model = load(args.model, args.device)
     if not model.boundaries.can_segment:  # said before the table's header is printed
         raise CommandError(model.boundaries.cannot_segment)
@@ -130,9 +132,11 @@ def run(args: argparse.Namespace) -> int:
         if len(per_doc) > 1:
             empty = f", {n - len(per_doc)} empty left out" if len(per_doc) < n else ""
             print(f"{f'mean over documents{empty}':<44} {'':>10} {mean_doc:>7.3f}")
-        how = ("sampled boundaries" + (f", mean of {args.samples} seeds" if args.samples > 1 else f", seed {args.seed}")
+        how = ("sampled boundaries" + (f", mean of {args.samples} draws from seed {args.seed}" if args.samples > 1
+                                       else f", seed {args.seed}")
                if model.boundaries.stochastic else "deterministic boundaries")
-        context = args.context or default_context(model)
-        print(f"(each document from its start, in windows of {context} bytes overlapping by half; {how}; "
+        context = default_context(model) if args.context is None else args.context
+        print(f"(each document from its start, in windows of {context} bytes, each later one after half a window "
+              f"of context, the last after as much as fits; {how}; "
               f"{model.boundaries.name} strategy)", file=sys.stderr)
     return 0

@@ -15,7 +15,8 @@ documents' boundaries, which :func:`evaluate_heldout` hands to the scorer window
 Scoring (:func:`evaluate_heldout`): every document is the continuation of an empty context (the model
 sees BOS first), cut into windows of the model's length with :func:`learntok.eval.scorer.split_windows`
 (the first window predicts ``max_len`` bytes, later ones ``max_len - overlap`` bytes after ``overlap``
-bytes of context); every byte is predicted exactly once. ``bpb`` = total NLL / total bytes / ln 2,
+bytes of context, the last its remaining bytes after as much context as fits); every byte is predicted
+exactly once. ``bpb`` = total NLL / total bytes / ln 2,
 pooled over bytes. Its standard error is the ratio estimator's over documents, or over windows when
 there is a single document (``extra['se_unit']`` says which); windows of one document are
 correlated, so that SE is optimistic.
@@ -78,11 +79,12 @@ def read_heldout(source: str | Path, *, field: str = "text", limit: int | None =
 
 def read_calibration(source: str | Path | None, run_source: str | None, *, field: str = "text",
                      max_bytes: int = 1 << 16) -> tuple[list[bytes], str]:
-    """The text quantile mode calibrates its threshold on: `source` when one is given, else the training
-    split of the data the run trained on (`run_source`, from :func:`run_heldout_source`), so that the
-    threshold is not set on the held-out text it then scores. A ValueError when there is neither."""
+    """The text quantile mode calibrates its threshold on: the training split of `source` when one is given
+    (of the demo corpus or a prepared directory; any other source is one text), else the training split of
+    the data the run trained on (`run_source`, from :func:`run_heldout_source`), so that the threshold is not
+    set on the held-out text it then scores. A ValueError when there is neither."""
     if source is not None:
-        return read_heldout(source, field=field, max_bytes=max_bytes)
+        return read_heldout(source, field=field, max_bytes=max_bytes, split="train")
     if run_source is None:
         raise ValueError("quantile mode needs text to calibrate on, and the run's training data is not here: "
                          "give the calibration text")

@@ -226,8 +226,10 @@ def report_dict(
     settings). Results under keys that are not columns are kept too."""
     norm = _normalise(rows)
     d: dict[str, Any] = {
-        "metric": "bits-per-byte of the correct continuation (mean over items, standard error); "
-        "acc: zero-shot accuracy, the candidate of lowest bits-per-byte (LAMBADA: greedy exact match)",
+        "metric": "benchmarks: bits-per-byte of the correct continuation (mean over items, standard error); "
+        "acc: zero-shot accuracy, the candidate of lowest bits-per-byte (LAMBADA: greedy exact match); "
+        "held-out text: bits-per-byte pooled over its bytes (standard error over documents, or over windows of "
+        "a single text: extra.se_unit)",
         "columns": [{"key": k, "header": h} for k, h in columns],
         "rows": [
             {"model": model, "results": {k: r.to_dict() for k, r in res.items()}}

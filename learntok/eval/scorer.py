@@ -42,7 +42,8 @@ row. A longer pair keeps its continuation and loses context from the left (the r
 BOS followed by the last bytes of the context, like a training window cut from a stream). A
 continuation longer than ``max_len`` (a held-out document) is scored in windows: the first predicts
 as many bytes as fit, each later one predicts ``max_len - overlap`` new bytes after ``overlap``
-bytes of context (default ``max_len // 2``); every byte is predicted once (:func:`split_windows`).
+bytes of context (default ``max_len // 2``), the last the bytes left after as much context as fits (at
+least ``overlap``); every byte is predicted once (:func:`split_windows`).
 Strategies whose boundaries depend on the padded length (``uniform``: ``round(T * rate)`` evenly
 spaced over the row) are run with every row padded to ``max_len``, which reproduces the training
 grid and keeps scores independent of batching.
@@ -131,8 +132,9 @@ def split_windows(context: bytes, continuation: bytes, max_len: int, overlap: in
 
     A continuation of at most ``max_len`` bytes is one window with the context truncated from the
     left. A longer one: the first window predicts ``max_len - min(len(context), overlap)`` bytes,
-    every later one ``max_len - overlap`` bytes after the ``overlap`` bytes before them. The scored
-    parts concatenate to the continuation."""
+    every later one ``max_len - overlap`` bytes after the ``overlap`` bytes before them, and the last,
+    which has fewer left to predict, fills its row with more context: ``max_len`` bytes in all when
+    there are that many. The scored parts concatenate to the continuation."""
     if max_len < 1:
         raise ValueError("max_len must be >= 1")
     if not 0 <= overlap < max_len:
@@ -207,7 +209,7 @@ class UNetScorer:
         self.stochastic = bool(getattr(strategy, "stochastic", False))
         if self.stochastic and mode != "sampled" and not strategy.thresholdable:
             raise ValueError(f"boundary mode {mode!r} needs a per-byte boundary probability; the {self.strategy!r} "
-                             f"strategy has none: use mode='sampled'")
+                             f"strategy has none: sample them (mode='sampled'; learntok eval --boundaries sampled)")
         self.mode = mode if self.stochastic else "deterministic"
         self.samples = samples if self.mode == "sampled" else 1
         self.seed = seed
@@ -231,7 +233,7 @@ class UNetScorer:
         from ..hub import default_context, from_pretrained
 
         model = from_pretrained(path, device=device)
-        scorer = cls(model, max_len=max_len or default_context(model), device=device, **kwargs)
+        scorer = cls(model, max_len=default_context(model) if max_len is None else max_len, device=device, **kwargs)
         scorer.run_config = model.info.config if model.info.run_known else None
         return scorer
 
