@@ -167,6 +167,36 @@ def test_learned_prefill_decides_the_prompt_in_one_pass(monkeypatch):
         assert torch.equal(s1.a, s2.a) and (s1.logits - s2.logits).abs().max() < 1e-5
 
 
+def test_a_policy_copying_a_rule_in_training_mode_has_no_step():
+    """While it copies a rule, `forward` executes the rule, so a step that sampled the policy would decide
+    otherwise: it says so; in eval mode (as `generate` runs) the policy steps."""
+    model = make_model("learned", learned={"imitate": "word_start", "imitate_until": 1.0})
+    model.boundaries.set_progress(0, 1000)
+    cache = model.allocate_inference_cache(1, 8)
+    model.train()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="copying the 'word_start' rule.*model.eval"):
+        model.prefill(torch.tensor([[BOS, 65, 66]]), cache)
+    model.eval()
+    with torch.no_grad():
+        model.prefill(torch.tensor([[BOS, 65, 66]]), cache)
+        model.step(torch.tensor([32]), cache)
+
+
+def test_forced_boundaries_stand_when_the_policy_logits_are_not_finite():
+    """A non-finite encoder output makes every comparison with a threshold false, -inf's included: the forced
+    boundaries (position 0, document starts) must stand, so the forward runs and the trainer can skip the
+    step (position 0 once lost made an IndexError)."""
+    model = make_model("learned", learned={"lags": 1})
+    x = random_inputs(2, 20, seed=1)
+    doc_start = torch.zeros_like(x, dtype=torch.bool)
+    doc_start[1, 9] = True
+    with torch.no_grad():
+        hidden = torch.full((2, 20, model.cfg.d_model), math.nan)
+        out = model(x, doc_start=doc_start, hidden=hidden)
+    assert bool(out.boundaries.a[:, 0].all()) and bool(out.boundaries.a[1, 9])
+    assert not torch.isfinite(out.logits).all()
+
+
 def test_step_past_the_cache_is_an_error():
     model = make_model("uniform")
     cache = model.allocate_inference_cache(1, 3)

@@ -114,6 +114,53 @@ def test_threshold_is_a_bernoulli_draw(cap):
     assert (direct != via_threshold).float().mean() < 1e-4
 
 
+def test_thresholds_are_rounded_down_so_a_float32_logit_compares_exactly():
+    """t is the largest float32 at or below the exact threshold z: for every float32 l, [l > t] = [l > z]
+    (rounded to the nearest, half of all t lay above z, and a logit equal to such a t drew no boundary)."""
+    u = torch.rand(100_000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    u = u.clamp(1e-4, 1 - 1e-4)  # |logit(u)| < 10: inside the cap, where z is finite
+    for cap in (None, 10.0):
+        t = thresholds_from_uniforms(u, cap).double()
+        z = torch.logit(u) if cap is None else cap * torch.atanh(torch.logit(u) / cap)
+        above = torch.nextafter(t.float(), torch.full_like(t.float(), math.inf)).double()
+        assert bool((t <= z).all()) and bool((above > z).all())
+
+
+def test_scans_from_several_threads_take_turns():
+    """numba's workqueue layer aborts the process when two threads start a parallel region at once; here four
+    threads scan at the same time, in a process of their own (an abort would take pytest with it)."""
+    import subprocess
+    import sys
+    code = """
+import threading, torch
+from learntok.kernels.scan import scan_boundaries
+errors = []
+def scan():
+    try:
+        for _ in range(20):
+            scan_boundaries(torch.randn(64, 2048), torch.randn(64, 2048, 8), torch.randn(64, 2048))
+    except Exception as e:
+        errors.append(e)
+threads = [threading.Thread(target=scan) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert not errors, errors
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_scan_sets_its_threading_layer_though_numba_was_imported_first():
+    """conftest imports numba before learntok, which sets the layer in the environment too late for it."""
+    import os
+
+    import numba
+    if os.environ.get("NUMBA_THREADING_LAYER") != "workqueue":
+        pytest.skip("the environment chose another numba threading layer")
+    scan_boundaries(torch.zeros(2, 8), torch.zeros(2, 8, 1), torch.zeros(2, 8))
+    assert numba.threading_layer() == "workqueue"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("w", [1, 8])
 def test_triton_scan_on_cuda_equals_reference_bit_for_bit(w):

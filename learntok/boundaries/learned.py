@@ -212,14 +212,24 @@ class LearnedPolicy(BoundaryStrategy):
                valid: torch.Tensor, cap: float | None, past: torch.Tensor | None = None) -> torch.Tensor:
         threshold = thresholds_from_uniforms(u, cap)
         threshold = threshold.masked_fill(forced, -math.inf).masked_fill(~valid & ~forced, math.inf)
+        # `| forced`: a NaN or -inf logit is no boundary even against -inf, and forced ones must stand (the
+        # token level needs position 0; the trainer then skips the non-finite step)
         if past is None:
-            return scan_boundaries(base.detach(), lag.detach(), threshold)
+            return scan_boundaries(base.detach(), lag.detach(), threshold) | forced
         # the past enters the scan as w positions forced to what they were: each decision sees its lags
         w = past.shape[1]
         forced_past = torch.where(past, -math.inf, math.inf).to(threshold.dtype)  # (B, w)
-        return scan_boundaries(F.pad(base, (w, 0)), F.pad(lag, (0, 0, w, 0)), torch.cat([forced_past, threshold], 1))[:, w:]
+        scanned = scan_boundaries(F.pad(base, (w, 0)), F.pad(lag, (0, 0, w, 0)), torch.cat([forced_past, threshold], 1))
+        return scanned[:, w:] | forced
 
     # --- generation: one decision per new byte, the scan's arithmetic -----------------------------
+
+    def _not_imitating(self) -> None:
+        """`prefill` and `step` decide as the policy does: in training mode while `forward` executes a copied
+        rule (`imitate`), they would decide otherwise."""
+        if self.training and self.imitating:
+            raise RuntimeError(f"the policy is copying the {self.options.imitate!r} rule (training mode, "
+                               f"boundaries.learned.imitate): step through it in eval mode (model.eval())")
 
     def allocate_inference_cache(self, batch_size: int, max_len: int, device=None) -> torch.Tensor:
         """The last w decisions, (B, w) bool: [:, j - 1] = a_{i-j}."""
@@ -228,6 +238,7 @@ class LearnedPolicy(BoundaryStrategy):
     def prefill(self, inp: BoundaryInput, history: torch.Tensor) -> Boundaries:
         """The positions of `inp` after the w decisions in `history` (none yet for a prompt) in one scan,
         then the newest w decisions into the history."""
+        self._not_imitating()
         past = history.flip(1)  # (B, w) oldest first
         bnd = self._policy(inp, past)
         executed = torch.cat([past, bnd.a], dim=1)
@@ -235,6 +246,7 @@ class LearnedPolicy(BoundaryStrategy):
         return bnd
 
     def step(self, inp: BoundaryStepInput, history: torch.Tensor) -> BoundaryStep:
+        self._not_imitating()
         base, lag = self.scaled_logit_terms(inp.hidden)  # (B,), (B, w)
         cap = self.options.softcap if self.training else None
         # the same float32 additions in the same order as `scan_boundaries`, against the same threshold

@@ -26,13 +26,19 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 import torch
 
 # numba's default OpenMP layer leaves its threads spinning after a parallel scan returns, and on a
 # 2-core machine that slows every torch op that follows by up to 10x; its own `workqueue` layer sleeps.
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+# Unless the user chose a layer: in the environment, for a numba imported after this module, and in
+# numba's config before the first scan (`_get_compiled`), for one imported before it.
+_THREADING_LAYER = os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+# ... `workqueue` runs one parallel region at a time, and aborts the process when two threads start one:
+# scans from several threads (a threaded server) take turns
+_SCAN_LOCK = threading.Lock()
 
 try:  # numba is a core dependency; the guard only keeps import errors readable
     import numba
@@ -51,7 +57,9 @@ def thresholds_from_uniforms(u: torch.Tensor, cap: float | None) -> torch.Tensor
         inside = z.abs() < cap
         z = torch.where(inside, cap * torch.atanh((z / cap).clamp(-1 + 1e-16, 1 - 1e-16)),
                         torch.where(z > 0, torch.full_like(z, math.inf), torch.full_like(z, -math.inf)))
-    return z.float()
+    # rounded down to float32, not to the nearest: for a float32 l, [l > t] is then exactly [l > z]
+    t = z.float()
+    return torch.where(t.double() > z, torch.nextafter(t, torch.full_like(t, -math.inf)), t)
 
 
 def scan_reference(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
@@ -195,6 +203,7 @@ def _get_compiled():
     if _compiled is None:
         if numba is None:
             raise ImportError("numba is required for the CPU boundary scan: pip install numba")
+        numba.config.THREADING_LAYER = _THREADING_LAYER  # read at the first parallel launch
         _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_scan_numba_impl)
     return _compiled
 
@@ -219,7 +228,9 @@ def _boundary_scan(base: torch.Tensor, lag: torch.Tensor, threshold: torch.Tenso
     lag_np = lag.cpu().contiguous().numpy()
     thr_np = threshold.cpu().contiguous().numpy()
     a = np.empty(base_np.shape, dtype=np.bool_)
-    _get_compiled()(base_np, lag_np, thr_np, a)
+    scan = _get_compiled()
+    with _SCAN_LOCK:
+        scan(base_np, lag_np, thr_np, a)
     return torch.from_numpy(a).to(device)
 
 
