@@ -1240,9 +1240,9 @@ def render_figures(fig: dict) -> list[str]:
     if "cached_bytes_s" in gen:
         out += [f"**Generation**, {gen['config']}, batch {gen['batch']}, {gen['precision']}, {gen['bytes']} bytes: cached "
                 f"{gen['cached_bytes_s']:,.1f} bytes/s, a full forward pass per byte {gen['full_forward_bytes_s']:,.1f} bytes/s "
-                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once {fmt(gen.get('batched_bytes_s'), ',.1f')} "
-                f"bytes/s in all ({fmt(gen.get('mixed_lengths_bytes_s'), ',.1f')} for prompts of {gen['batched_rows']} "
-                f"lengths); "
+                f"({gen['speedup']:.1f}x); {gen['batched_rows']} prompts at once "
+                f"{fmt(gen.get('batched_bytes_s'), ',.1f')} bytes/s in all ({fmt(gen.get('mixed_lengths_bytes_s'), ',.1f')} "
+                f"for prompts of {gen['batched_rows']} lengths); "
                 f"same bytes and boundaries: {gen['same_bytes_and_boundaries']}", ""]
     gen = fig.get("compiled_generation", {})
     if "compiled_bytes_s" in gen:
@@ -1274,7 +1274,8 @@ def render_figures(fig: dict) -> list[str]:
                 out += [f"**{name}, {part}**: {value}", ""]
             elif key.endswith("_error") and key != "fast_attention_error":  # that one has its paragraph above
                 what, _, details = str(value).partition("\n")
-                out += [f"**{name}, {part} failed:** {what}", ""] + (["```", details[-1500:], "```", ""] if details else [])
+                out += [f"**{name}, {part} failed:** {what}", ""]
+                out += ["```", details[-1500:], "```", ""] if details else []
     return out
 
 

@@ -166,7 +166,9 @@ def test_heldout_boundaries_follow_the_documents_read_heldout_reads(tmp_path):
     # quantile mode's threshold is calibrated on the training split, not on the held-out text it scores
     assert read_heldout(out, split="train") == ([b"train text"], f"{out} (train split)")
     assert read_calibration(None, str(out)) == ([b"train text"], f"{out} (train split)")
-    assert read_calibration(out, str(out))[0] == [b"abcdef", b"ghij", b"klmnop"]  # text given: that text
+    assert read_calibration(out, str(out))[0] == [b"train text"]  # a prepared directory given: its training split
+    (tmp_path / "calibrate.txt").write_text("other text")
+    assert read_calibration(tmp_path / "calibrate.txt", str(out))[0] == [b"other text"]  # one text given: that text
     with pytest.raises(ValueError, match="training data is not here"):
         read_calibration(None, None)
     bits = heldout_boundaries(out, "file", docs)

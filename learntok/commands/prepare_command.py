@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bnd = parser.add_argument_group("boundaries supplied with the data (strategies bpe and file)")
     bnd.add_argument("--bpe-rate", type=float, default=None, metavar="RATE",
                      help="fit a byte-level BPE to the training split at this many tokens per byte (e.g. 0.2), save "
-                          "it in OUT/bpe/ (tokenizer.json) and store its boundaries, shifted by one byte (needs tokenizers)")
+                          "it in OUT/bpe/ (tokenizer.json) and store its boundaries, shifted by one byte (needs "
+                          "tokenizers)")
     bnd.add_argument("--bpe-only", action="store_true",
                      help="add the BPE boundaries of --bpe-rate to the existing dataset --out; no INPUT")
     bnd.add_argument("--bpe-max-vocab", type=int, default=65536, help="largest BPE vocabulary tried (default: 65536)")

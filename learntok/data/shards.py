@@ -386,7 +386,8 @@ def add_track(path: str | Path, name: str, compute, info: dict[str, Any], batch_
                                 for j in range(lo, min(n_docs, lo + batch_docs))]
                         for doc, bits in zip(docs, compute(docs), strict=True):
                             if len(bits) != len(doc):
-                                raise ValueError(f"track {name!r}: {len(bits)} entries for a document of {len(doc)} bytes")
+                                raise ValueError(f"track {name!r}: {len(bits)} entries for a document of "
+                                                 f"{len(doc)} bytes")
                             writer.write(bits)
                             ones += int(np.count_nonzero(bits))
                         bar.update(sum(len(d) for d in docs))

@@ -42,7 +42,8 @@ the whole batch like `uniforms`; its FLOPs are returned as the metric "baseline_
 
 Several ranks (train/distributed.py): each runs this on its rows of the global batch with `totals`, the
 global counts (rows, valid bytes, bytes whose boundary the strategy decides), as the denominators, and
-`reduce`, which sums the strategy's batch statistics over ranks before phase 2 (and its running state's statistics in `update`).
+`reduce`, which sums the strategy's batch statistics over ranks before phase 2 (and its running state's
+statistics in `update`).
 Each rank's loss is then its part of the global loss, the gradients add up over ranks (SUM), and the
 returned metrics are this rank's parts of the global batch's (summed over ranks they give them; the
 strategy's own metrics are weighted by rows).
@@ -86,8 +87,8 @@ def accumulate_gradients(model: ByteUNet, batch: Batch, micro_batches: int, *, u
     where the strategy makes a second draw).
     `uniforms` (B, T): the draws of a sampling strategy for the whole batch; `baseline_uniforms` (B, T):
     those of its second draw, where it makes one (rows it does not choose are not read).
-    `totals` ({"rows", "valid", "decided", "first_row"}) and `reduce` (sum a dict of tensors over ranks): this batch is one
-    rank's part of a global batch (see the module's docstring)."""
+    `totals` ({"rows", "valid", "decided", "first_row"}) and `reduce` (sum a dict of tensors over ranks):
+    this batch is one rank's part of a global batch (see the module's docstring)."""
     strategy = model.boundaries
     # one piece keeps its encoder graph: recomputing it would save no memory (nothing else is alive)
     recompute_encoder = recompute_encoder and micro_batches > 1

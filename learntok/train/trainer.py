@@ -43,7 +43,7 @@ import yaml
 from safetensors import SafetensorError
 
 from ..config import RunConfig, to_dict
-from ..data.batch import PAD, Batch
+from ..data.batch import Batch
 from ..data.loader import DataSources, make_data, rank_config
 from ..eval.sequences import evaluate
 from ..unet import ByteUNet
