@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,14 +147,21 @@ def test_prepare_writes_a_bpe_track_the_loader_aligns(tmp_path):
     assert data.train.next_batch().boundaries is not None and "BPE guidance" in data.description
 
 
-def test_bpe_only_adds_the_track_to_an_existing_dataset(tmp_path):
-    from learntok.data.shards import DatasetWriter, open_split
+def corpus_dataset(tmp_path, **writer) -> Path:
+    """A prepared dataset of `corpus()` (val: one document of another seed), with no track yet."""
+    from learntok.data.shards import DatasetWriter
     out = tmp_path / "ds"
-    with DatasetWriter(out) as w:
+    with DatasetWriter(out, **writer) as w:
         for d in corpus():
             w.add("train", d)
         w.add("val", corpus(seed=1)[0])
         w.commit({"source": ["test"]})
+    return out
+
+
+def test_bpe_only_adds_the_track_to_an_existing_dataset(tmp_path):
+    from learntok.data.shards import open_split
+    out = corpus_dataset(tmp_path)
     info = add_bpe_track(out, 0.4, max_vocab=1000)
     assert set(info["rate_by_split"]) == {"train", "val"}
     track = open_split(out, "val").track("bpe")
@@ -166,13 +174,8 @@ def test_replacing_the_bpe_track_is_atomic(tmp_path, monkeypatch):
     """`--bpe-only` on a dataset that has a `bpe` track: interrupted, the dataset is as it was (its track, its
     tokenizer, no stray file); finished, only the new track's files remain, and its tokenizer is the one
     meta.json names."""
-    from learntok.data.shards import DatasetWriter, open_split, read_meta, track_tokenizer
-    out = tmp_path / "ds"
-    with DatasetWriter(out, shard_bytes=4096) as w:
-        for d in corpus():
-            w.add("train", d)
-        w.add("val", corpus(seed=1)[0])
-        w.commit({"source": ["test"]})
+    from learntok.data.shards import open_split, read_meta, track_tokenizer
+    out = corpus_dataset(tmp_path, shard_bytes=4096)
     add_bpe_track(out, 0.3, max_vocab=1000)
     files = lambda: sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())  # noqa: E731
     before_files, before_meta = files(), read_meta(out)
@@ -298,13 +301,8 @@ def test_a_bpe_run_carries_its_tokenizer_to_scoring_and_the_hub(tmp_path, capsys
 def test_replacing_a_track_whose_files_are_missing_keeps_the_new_ones(tmp_path):
     """A damaged dataset lists track files that are gone: the replacement may take their names, and then
     must not delete them as the old track's."""
-    from learntok.data.shards import DatasetWriter, open_split
-    out = tmp_path / "ds"
-    with DatasetWriter(out) as w:
-        for d in corpus():
-            w.add("train", d)
-        w.add("val", corpus(seed=1)[0])
-        w.commit({"source": ["test"]})
+    from learntok.data.shards import open_split
+    out = corpus_dataset(tmp_path)
     add_bpe_track(out, 0.3, max_vocab=1000)
     for f in out.rglob("track-bpe_*.bin"):
         f.unlink()
