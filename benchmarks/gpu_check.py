@@ -384,7 +384,7 @@ def stage_figures(args, sizes: Sizes, device: torch.device, work: Path, save) ->
             save(out)
         result = guarded(fn, args, sizes, device, work, keep)
         if "error" in result and out.get(name, {}).get("unfinished"):  # what it measured before it failed
-            result = {**out[name], **result}
+            result = {**{k: v for k, v in out[name].items() if k != "unfinished"}, **result}
         out[name] = result
         out[name]["figure_seconds"] = round(time.perf_counter() - began, 1)  # compilation included: for planning runs
         say(f"== figure {name}: {out[name]['figure_seconds']} s")

@@ -534,6 +534,7 @@ def test_a_figure_that_fails_after_keeping_results_keeps_them(tmp_path, monkeypa
                                   save=lambda partial: None)
     throughput = out["throughput"]
     assert throughput["rows"] == [{"run": "learned"}] and throughput["learned_over_uniform"] == 1.05
+    assert "unfinished" not in throughput  # it ended, with an error: not cut short by the command's end
     assert throughput["error"].startswith("RuntimeError: the profiler failed") and out["scan"] == {
         "ms": 1.0, "figure_seconds": out["scan"]["figure_seconds"]}
 
