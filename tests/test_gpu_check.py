@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +131,7 @@ def test_dry_run_writes_every_part_of_the_report(tmp_path):
     assert (tmp_path / "report.md").read_text() == report
 
 
+@pytest.mark.slow  # 40 s; the planned command's dry run (one seed) keeps --seed in the default suite
 def test_seeds_run_each_strategy_and_the_report_gives_their_mean(tmp_path):
     """--seed runs every strategy per seed, each learned run to the FLOPs of its own seed's uniform run, and
     the report compares each with the uniform run of its seed and gives the mean over seeds."""
