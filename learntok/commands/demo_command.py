@@ -38,7 +38,7 @@ def busy_machine() -> str:
     if not hasattr(os, "getloadavg"):
         return ""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    return (f" (the machine is busy: load average {load:.1f} on {cores} cores; the demo takes about 4 minutes "
+    return (f" (the machine is busy: load average {load:.1f} on {cores} cores; the demo takes 4 to 6 minutes "
             f"on idle cores, and beside other busy processes fewer threads run faster: learntok demo "
             f"train.threads={max(1, cores - 1)})") if load > cores else ""
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"learntok demo: a {cfg.boundaries.name!r}-boundary U-Net (d={cfg.model.d_model}, "
           f"{cfg.model.n_down_layers}/{cfg.model.n_mid_layers}/{cfg.model.n_up_layers} layers) learns where tokens end,\n"
           f"trained for {t.training_bytes / 1e6:.1f}M bytes on English prose shipped with Python (help topics and\n"
-          f"standard-library docstrings). About 4 minutes on 2 idle CPU cores; training stops at {args.max_minutes:g} "
+          f"standard-library docstrings). 4 to 6 minutes on 2 idle CPU cores; training stops at {args.max_minutes:g} "
           f"minutes at most, and evaluation takes a minute or two more.")
     if run_dir.exists():  # an earlier run (or nothing): start afresh rather than append to it
         shutil.rmtree(run_dir)
