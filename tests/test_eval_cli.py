@@ -305,3 +305,21 @@ def test_report_notes_and_meta(tmp_path):
     assert data["meta"] == {"seed": 0, "tau": None}
     assert "- a note" in md_path.read_text()
     assert read_report_json(json_path)["m"]["piqa"].bpb == 1.5
+
+
+def test_notes_say_when_the_error_bar_is_over_one_texts_windows_and_when_calibration_misses():
+    import argparse
+
+    from learntok.commands.eval_command import _notes
+    checkpoint = {"parameters": 1e6, "boundary_mode": "quantile", "tau": -1.2, "max_len": 64, "strategy": "learned",
+                  "samples": 1, "seed": 0,
+                  "calibration": {"source": "demo corpus training stream", "target_rate": 0.2, "realised_rate": 0.141}}
+    meta = {"checkpoints": {"m": checkpoint}, "tasks": [],
+            "heldout": {"source": "demo corpus held-out stream", "documents": 1, "bytes": 1000}}
+    notes = _notes(meta, argparse.Namespace(limit=None))
+    assert "(which it reaches only roughly there: rate 0.141 against 0.2)" in notes[0]
+    assert "over the windows of one text, which are correlated, so it is optimistic" in notes[1]
+    checkpoint["calibration"]["realised_rate"] = 0.195
+    meta["heldout"]["documents"] = 2
+    notes = _notes(meta, argparse.Namespace(limit=None))
+    assert "roughly" not in notes[0] and "windows" not in notes[1]

@@ -252,7 +252,8 @@ def _notes(meta: dict, args) -> list[str]:
         how = {"sampled": f"boundaries sampled (K={c['samples']}, seed {c['seed']})",
                "threshold": "boundaries thresholded at p > 0.5",
                "quantile": f"boundaries at a logit threshold tau = {c.get('tau', float('nan')):.4f} calibrated to "
-                           f"the target rate on {c.get('calibration', {}).get('source', '?')}",
+                           f"the target rate on {c.get('calibration', {}).get('source', '?')}"
+                           + _calibration_miss(c.get("calibration")),
                "deterministic": f"{c['strategy']} boundaries (deterministic)"}[c["boundary_mode"]]
         notes.append(f"{name}: {c['parameters'] / 1e6:.2f}M parameters, {how}, rows of at most {c['max_len']} bytes")
     if meta["tasks"]:
@@ -261,6 +262,19 @@ def _notes(meta: dict, args) -> list[str]:
         notes.append(f"benchmarks from {where}{limit}; accuracy: lowest-bpb candidate, LAMBADA greedy match")
     if meta["heldout"]:
         h = meta["heldout"]
+        one_text = ("; its \u00b1 is over the windows of one text, which are correlated, so it is optimistic"
+                    if h["documents"] == 1 else "")
         notes.append(f"held-out text: {h['source']} ({h['documents']:,} documents, {h['bytes']:,} bytes), "
-                     f"pooled bits-per-byte")
+                     f"pooled bits-per-byte{one_text}")
     return notes
+
+
+def _calibration_miss(calibration: dict | None) -> str:
+    """A note when the threshold could not bring the calibration text near the target rate (a policy whose
+    probabilities take few values cannot be cut finely)."""
+    if not calibration or not calibration.get("target_rate"):
+        return ""
+    target, realised = calibration["target_rate"], calibration["realised_rate"]
+    if abs(realised - target) <= 0.1 * target:
+        return ""
+    return f" (which it reaches only roughly there: rate {realised:.3f} against {target:g})"
