@@ -28,7 +28,7 @@ from torch import nn
 from .boundaries import Boundaries, BoundaryInput, build_strategy
 from .boundaries.base import BoundaryStepInput, BoundaryStrategy
 from .config import BoundaryConfig, ModelConfig
-from .data.batch import PAD, VOCAB_SIZE
+from .data.batch import PAD, VOCAB_SIZE, forced_boundaries
 from .model import resample
 from .model.layers import RMSNorm, Stack, StackCache, TokenStack, cat_rows, softcap
 
@@ -186,10 +186,7 @@ class ByteUNet(nn.Module):
         early_logits = self.early_head(hidden)  # (B, T, V)
         probe = self.word_start_probe(hidden).squeeze(-1).float() if self.probing else None
 
-        forced = torch.zeros_like(inputs, dtype=torch.bool)
-        forced[:, 0] = True
-        if doc_start is not None:
-            forced |= doc_start
+        forced = forced_boundaries(inputs, doc_start)
         strategy_early = early_logits
         if K > 1:  # the draws share the encoder output; the gradient of X sums over them
             inputs, hidden, forced, strategy_early = (t.repeat_interleave(K, 0)

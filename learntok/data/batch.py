@@ -13,6 +13,14 @@ PAD = 258
 VOCAB_SIZE = 259
 
 
+def forced_boundaries(inputs: torch.Tensor, doc_start: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) bool: where the model forces a boundary whatever the strategy: position 0 and, in packed
+    data, every document start."""
+    forced = torch.zeros_like(inputs, dtype=torch.bool)
+    forced[:, 0] = True
+    return forced | doc_start if doc_start is not None else forced
+
+
 @dataclass
 class Batch:
     """B sequences of T positions. `inputs[:, 0]` is BOS; position t predicts `targets[:, t]`, which is
@@ -33,13 +41,9 @@ class Batch:
 
     @property
     def decided(self) -> torch.Tensor:
-        """(B, T) bool: the real input bytes whose boundary a strategy chooses; the model forces one at
-        position 0 and at document starts. A boundary rate counts these, as the target-rate loss does."""
-        forced = torch.zeros_like(self.inputs, dtype=torch.bool)
-        forced[:, 0] = True
-        if self.doc_start is not None:
-            forced |= self.doc_start
-        return (self.inputs != PAD) & ~forced
+        """(B, T) bool: the real input bytes whose boundary a strategy chooses (not `forced_boundaries`). A
+        boundary rate counts these, as the target-rate loss does."""
+        return (self.inputs != PAD) & ~forced_boundaries(self.inputs, self.doc_start)
 
     def to(self, device: torch.device | str) -> "Batch":
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data.batch import PAD, Batch, concat_batches, split_rows
+from ..data.batch import Batch, concat_batches, split_rows
 from ..objectives import LN2
 from .nll import score_rows
 
@@ -71,7 +71,7 @@ def evaluate(model, batches: list[Batch], seed: int = 1234, samples: int = 1, de
                     continue
             batch = batch.to(device)
             res = _score(model, batch, gen, uniforms)
-            decided = (batch.inputs != PAD) & ~res.forced  # forced boundaries are not the strategy's
+            decided = batch.decided  # forced boundaries are not the strategy's
             sums[2 * s] += res.nll.sum() / LN2
             sums[2 * s + 1] += batch.valid.sum()
             sums[-3] += res.boundaries[decided].sum()
