@@ -617,3 +617,23 @@ def test_an_fsdp_run_that_hangs_is_stopped_and_said_so(tmp_path, monkeypatch):
     assert result["error"].startswith("one-process torchrun fsdp run stopped after 180 s") and "NCCL init" in result["error"]
     assert "**fsdp failed:** one-process torchrun fsdp run stopped after 180 s" in "\n".join(
         gpu_check.render_figures({"fsdp": result}))
+
+
+def test_a_failed_one_chain_scan_leaves_the_chunked_scan_figure(monkeypatch):
+    """The one-chain GPU scan is a comparison beside the scan's figure: its failure is recorded as the
+    figure's `chain_error` (a part the report names) and costs the chunked scan's time nothing."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+    import learntok.kernels.scan as kernels
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("triton: out of resources")
+
+    monkeypatch.setattr(kernels, "scan_triton", failing)
+    out = gpu_check.chain_scan([torch.zeros(1, 4)], torch.zeros(1, 4), 1, torch.device("cpu"))
+    assert list(out) == ["chain_error"] and out["chain_error"].startswith("RuntimeError: triton: out of resources")
+    scan = {"batch": 128, "length": 4096, "lags": 8, "kernel": "Triton", "ms": 0.43, "equal_to_cpu_scan": True,
+            "target_ms": 1.0, **out}
+    text = "\n".join(gpu_check.render_figures({"scan": scan}))
+    assert "0.430 ms" in text and "**scan, chain failed:** RuntimeError: triton: out of resources" in text
+    assert gpu_check.has_error({"figures": {"scan": scan}})
