@@ -233,10 +233,14 @@ def unknown_key(key: str, valid: list[str], also: Iterable[str] = ()) -> ConfigE
     leaf = key.split(".")[-1]
     # the same name among the valid keys first (`boundaries.mode` -> `boundaries.entropy.mode`), then elsewhere
     elsewhere = [p for p in [*valid, *_all_keys(RunConfig), *also] if p.split(".")[-1] == leaf]
+    # then a name that holds it (`boundaries.rate` -> `boundaries.target_rate`), then one spelt alike
+    holding = [v for v in valid if leaf in v.split(".")[-1]]
     close = difflib.get_close_matches(leaf, [v.split(".")[-1] for v in valid], n=1, cutoff=0.5)
     hint = ""
     if elsewhere:
         hint = f"; did you mean '{elsewhere[0]}'?"
+    elif holding:
+        hint = f"; did you mean '{holding[0]}'?"
     elif close:
         hint = f"; did you mean '{next(v for v in valid if v.split('.')[-1] == close[0])}'?"
     shown = ", ".join(valid[:12]) + (f", ... ({len(valid)} in all; README lists them)" if len(valid) > 12 else "")
@@ -397,12 +401,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     try:
         validate(cfg)
     except ConfigError as e:
-        # a value the file set, not an override (every message starts with its key): name the file
-        key = re.match(r"[\w.]*", str(e)).group(0)
-        if path is None or key in _dotted_keys(overrides):
-            raise
-        raise ConfigError(f"{e} (config: {resolved})") from None
+        raise naming_the_file(e, path, overrides) from None
     return cfg
+
+
+def naming_the_file(error: ConfigError, path: str | Path | None, overrides: list[str] | dict | None) -> ConfigError:
+    """`error`, about a config loaded from `path` with `overrides`, saying the file's name when the value it
+    is about came from the file rather than an override. Every message names its key: first
+    (`train.lr=...: ...`), or quoted after "unknown config key" or "unknown boundary strategy"."""
+    text = str(error)
+    unknown = re.match(r"unknown config key '([\w.]+)'", text)
+    key = (unknown.group(1) if unknown else "boundaries.name" if text.startswith("unknown boundary strategy")
+           else re.match(r"[\w.]*", text).group(0))
+    if path is None or key in _dotted_keys(overrides):
+        return error
+    return ConfigError(f"{text} (config: {resolve_config_path(path)})")
 
 
 def _dotted_keys(overrides: list[str] | dict | None) -> set[str]:

@@ -85,6 +85,27 @@ def test_resume_validates_the_saved_config_with_the_overrides(tmp_path, capsys):
     assert load_config(tmp_path / "config.yaml", ["train.eval_batches=1"]).train.eval_batches == 1
 
 
+@pytest.mark.parametrize("text, message", [
+    ("boundaries:\n  name: uniform\n  uniform:\n    ratee: 0.2\n", "unknown config key 'boundaries.uniform.ratee'"),
+    ("boundaries:\n  learned:\n    batch_centering: median\n", "boundaries.learned.batch_centering='median': use mean"),
+    ("boundaries:\n  name: lerned\n", "unknown boundary strategy 'lerned'"),
+])
+def test_a_strategy_option_set_in_the_file_names_the_file(tmp_path, capsys, text, message):
+    """Strategy options are checked before the run starts, and a bad one the file set names the file, as any
+    other bad key in it does; the same mistake as an override does not name the file."""
+    config = tmp_path / "mine.yaml"
+    config.write_text(text)
+    for command in (["train", "--run-dir", str(tmp_path / "run")],
+                    ["compare", "--flops", "1e9", "--out", str(tmp_path / "report")]):
+        assert main([*command, "--config", str(config)]) == 2
+        line = one_error_line(capsys, command[0])
+        assert line.startswith(message) and line.endswith(f"(config: {config})")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "report").exists()
+    override = "boundaries.learned.batch_centering=median"
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "--config", "cpu_default", override]) == 2
+    assert "(config:" not in one_error_line(capsys, "train")
+
+
 def test_only_rank_0_prints_the_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert main(["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "run"), "model.n_heads=0"]) == 2

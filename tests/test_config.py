@@ -246,6 +246,8 @@ def test_yaml_sections_and_sections_of_other_strategies(tmp_path):
     ("boundaries.name=lerned", "unknown boundary strategy 'lerned'"),
     # a name in several sections: its own section's first
     ("boundaries.mode=monotonic", "unknown config key 'boundaries.mode'; did you mean 'boundaries.entropy.mode'?"),
+    # then a name that holds it (it once suggested 'boundaries.learned.imitate', spelt more alike)
+    ("boundaries.rate=0.1", "unknown config key 'boundaries.rate'; did you mean 'boundaries.target_rate'?"),
 ])
 def test_unknown_sections_and_options_name_the_nearest_key(override, message):
     assert message in error_of(None, [override])

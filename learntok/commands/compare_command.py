@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import CommandError
+from . import CommandError, load_checked_config
 
 
 def _number(text: str) -> float:
@@ -65,11 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..boundaries import check
     from ..compare import CompareSettings, run_comparison
     from ..boundaries import FIXED_RATE
     from ..compare.run import budget_for_bytes
-    from ..config import load_config
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
@@ -79,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                            "must be >= 1")
     out = Path(args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        check(load_config(args.config, args.overrides).boundaries)  # bad keys fail now, not after the first run
+        load_checked_config(args.config, args.overrides)  # bad keys fail now, not after the first run
         paragraph = Path(args.paragraph_file).read_text(encoding="utf-8") if args.paragraph_file else None
         flops = args.flops
         if flops is None:

@@ -20,7 +20,7 @@ import math
 import time
 from pathlib import Path
 
-from . import CommandError
+from . import CommandError, load_checked_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import os
 
-    from ..config import ConfigError, load_config, read_yaml
+    from ..config import ConfigError, read_yaml
     from ..train.checkpoint import CheckpointError
     from ..train.trainer import NonFiniteError, Trainer
 
@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
                 raise ConfigError("--resume takes its config from the run directory; give overrides instead of --config")
             if read_yaml(saved) is None:  # load_config reads an empty file as the defaults: another model
                 raise CheckpointError(f"{saved} is empty; a learntok run saves its whole config there")
-            cfg = load_config(saved, args.overrides)  # errors in the file name it
+            cfg = load_checked_config(saved, args.overrides)  # errors in the file name it
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
             if trainer.resumed_from is not None and trainer.step >= trainer.total_steps:
                 say(f"{run_dir} finished at step {trainer.step} ({cfg.train.training_bytes:.4g} training bytes): "
@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             if not args.config:
                 raise ConfigError("give --config FILE (or --resume RUN_DIR)")
-            cfg = load_config(args.config, args.overrides)
+            cfg = load_checked_config(args.config, args.overrides)
             if args.run_dir:
                 run_dir = Path(args.run_dir)
                 blocking = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
