@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from pathlib import Path
 
@@ -142,6 +143,55 @@ def test_a_failed_bpe_fit_leaves_nothing_behind(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl", ["one document", "another one"])
     with pytest.raises(ValueError, match="training split is empty"):
         run([corpus], tmp_path / "out", val_fraction=0.999, bpe_rate=0.3)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_the_partial_output_of_a_killed_run_on_this_machine_is_removed(tmp_path):
+    """A run killed outright (SIGKILL, a crash) leaves its temporary folder; the next run for the same --out
+    removes it when its process no longer runs on this machine, and says so. A running process's folder,
+    another machine's (a shared filesystem) and one named the older way are left alone."""
+    import subprocess
+    import sys
+
+    from learntok.data.prepare import format_summary
+    from learntok.data.shards import _host
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process id that no longer runs
+    host = _host()
+    stale, running = tmp_path / f".out.tmp-{host}-{gone.pid}", tmp_path / f".out.tmp-{host}-{os.getppid()}"
+    elsewhere, older, other = tmp_path / ".out.tmp-another-host-1", tmp_path / ".out.tmp-7", tmp_path / f".other.tmp-{host}-{gone.pid}"
+    for folder in (stale, running, elsewhere, older, other):
+        (folder / "train").mkdir(parents=True)
+    corpus = write_corpus(tmp_path / "c.jsonl", make_docs(20))
+    summary = run([corpus], tmp_path / "out")
+    assert not stale.exists() and all(f.exists() for f in (running, elsewhere, older, other))
+    assert summary["removed_stale"] == [str(stale)]
+    assert f"removed {stale}: the partial output of an earlier run on this machine that was killed" in format_summary(summary)
+    assert "removed_stale" not in run([corpus], tmp_path / "out", overwrite=True)
+
+
+def test_sigterm_removes_the_half_written_dataset(tmp_path):
+    """SIGTERM (a scheduler's time limit) stops `learntok prepare` as Ctrl-C does: with status 143 and its
+    temporary folder removed, not left behind holding half a dataset."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fifo = tmp_path / "corpus.jsonl"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "learntok.cli", "prepare", str(fifo), "--format", "jsonl",
+                             "--out", str(tmp_path / "out"), "--quiet"], stderr=subprocess.PIPE, text=True)
+    with open(fifo, "w") as writer:  # blocks until prepare opens the pipe
+        writer.write("".join(json.dumps({"text": d}) + "\n" for d in make_docs(50)))
+        writer.flush()
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(tmp_path.glob(".out.tmp-*")), "prepare never began writing"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, proc.stderr.read()
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
 

@@ -6,7 +6,9 @@ existing dataset: `learntok prepare --bpe-only --out DIR --bpe-rate 0.2`), and a
 `--boundary-separator SEP` (cuts marked in the text).
 
 `--out` never is, holds or lies inside an input, and `--overwrite` replaces only a prepared dataset (a folder
-with meta.json).
+with meta.json). The dataset appears at `--out` only when it is complete: an error, Ctrl-C or SIGTERM removes
+what was written, and the hidden `.DIR.tmp-HOST-PID` folder of a run killed outright is removed by the next run
+for the same `--out` on that machine.
 
 Exit status: 0 done, 1 input that cannot be read or yields no document, 2 bad arguments (no INPUT, an --out
 that exists and may not be replaced, a size that is not positive)."""
@@ -14,6 +16,7 @@ that exists and may not be replaced, a size that is not positive)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from learntok.commands import CommandError
@@ -80,6 +83,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM (a scheduler's time limit, `kill`) unwinds as Ctrl-C does, so that the half-written dataset's
+    # temporary folder, or the half-written files of a new track, are removed rather than left behind
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _run(args: argparse.Namespace) -> int:
     from learntok.data.prepare import PrepareOptions, check_options, format_summary, prepare
     from learntok.data.readers import DataFormatError
     from learntok.data.shards import ShardError

@@ -147,6 +147,8 @@ def prepare(opts: PrepareOptions) -> dict[str, Any]:
         if counts["kept"] == 0:
             raise ValueError(_nothing_kept_message(opts, counts, stats))
         summary = _summary(opts, counts, stats, writer, seconds)
+        if writer.removed_stale:
+            summary["removed_stale"] = [str(p) for p in writer.removed_stale]
         meta = _meta(opts, counts)
         if segmented:
             meta["tracks"] = {SEGMENTATION_TRACK: _segmentation_track_info(opts, writer)}
@@ -275,6 +277,8 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     if s["first_bad_line"]:
         lines.append(f"first bad record: {s['first_bad_line']}")
+    for folder in s.get("removed_stale", []):
+        lines.append(f"removed {folder}: the partial output of an earlier run on this machine that was killed")
     for name, sp in s["splits"].items():
         lines.append(f"{name:>5}: {sp['documents']:,} documents, {mb(sp['bytes'])} in {sp['shards']} shard(s)")
     if s["splits"]["val"]["documents"] == 0:

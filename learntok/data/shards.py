@@ -22,12 +22,14 @@ its destination and renamed into place at the end: a crash leaves no half-writte
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,8 +198,10 @@ class DatasetWriter:
             raise FileExistsError(f"{self.out} already exists; pass --overwrite to replace it")
         self.overwrite = overwrite
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        # Same parent folder, so the final rename stays on one filesystem and is atomic.
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
+        # Same parent folder, so the final rename stays on one filesystem and is atomic. The host and process
+        # in its name tell a folder left by a killed run (SIGKILL, a crash) from one another run is writing.
+        self.removed_stale = remove_stale_partial_outputs(self.out)
+        self.tmp = self.out.parent / f".{self.out.name}.tmp-{_host()}-{os.getpid()}"
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir()
@@ -244,6 +248,37 @@ class DatasetWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None or self.tmp.exists():
             self.abort()
+
+
+def _host() -> str:
+    """This machine's name, as a file name may hold it."""
+    return re.sub(r"[^\w.-]", "_", socket.gethostname()) or "host"
+
+
+def remove_stale_partial_outputs(out: Path) -> list[Path]:
+    """Remove the temporary folders that runs of `DatasetWriter` for `out` on this machine left when they were
+    killed (a process that no longer runs), and return them. Another machine's folders (a shared filesystem)
+    are left alone: whether their process runs cannot be told from here."""
+    prefix = f".{out.name}.tmp-{_host()}-"
+    removed = []
+    for folder in sorted(out.parent.glob(glob.escape(prefix) + "*")) if out.parent.is_dir() else []:
+        pid = folder.name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and not _runs(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _runs(pid: int) -> bool:
+    if os.name != "posix":  # elsewhere os.kill(pid, 0) is no question: on Windows it stops the process
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def is_prepared(path: str | Path) -> bool:
