@@ -112,6 +112,19 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     assert capsys.readouterr().out.count("reusing the finished run") == 2
 
 
+def test_compare_runs_on_the_demo_corpus(tmp_path, capsys):
+    """The demo corpus (the default source) has no prepared dataset and so no stored BPE: the reference is a
+    BPE fitted to its training text (looking for the dataset's stored one once stopped the command)."""
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "report"
+    assert cli_main(["compare", "--strategies", "uniform", "--flops", "3e8", "--out", str(out), "--eval-points", "1",
+                     "--heldout-sequences", "2", "--no-progress", *TINY, "data.source=demo"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    [row] = results["rows"]
+    assert row["status"] == "ok" and 0 < row["bpb"] < 9 and 0 < row["bpe_f1"] < 1
+    assert "a BPE fitted by `learntok compare` to the training data" in (out / "table.md").read_text()
+
+
 @pytest.mark.parametrize("signal_number", [2, 15])
 def test_a_run_stopped_by_a_signal_exits_128_plus_its_number(tmp_path, monkeypatch, capsys, signal_number):
     """Ctrl-C (2) or SIGTERM (15) stops the run in progress after its checkpoint, and the command with it."""

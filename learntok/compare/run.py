@@ -352,10 +352,10 @@ class BpeReference:
         self.segmenter = None
         self.track_batches = None
         self.description = "none (install tokenizers for BPE agreement)"
-        source = Path(cfg.data.source)
+        demo = cfg.data.source == "demo"  # built in memory: no dataset, so no stored BPE
         try:
-            tokenizer = track_tokenizer(source, STRATEGIES[BPE_GUIDANCE].supplied_track)
-            if cfg.data.source != "demo" and tokenizer.exists():
+            tokenizer = None if demo else track_tokenizer(Path(cfg.data.source), STRATEGIES[BPE_GUIDANCE].supplied_track)
+            if tokenizer is not None and tokenizer.exists():
                 self.segmenter = BpeSegmenter.load(tokenizer)
                 self.description = f"the dataset's BPE ({tokenizer})"
                 try:
