@@ -41,7 +41,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from . import __version__
 from .boundaries import STRATEGIES
@@ -116,8 +115,8 @@ def save_pretrained(model, directory: str | Path, *, config: RunConfig | None = 
     directory.mkdir(parents=True, exist_ok=True)
     meta = config_json(model, config=config, training=training)
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    _write_atomic(directory / WEIGHTS_NAME, lambda p: save_file(
-        weights, str(p), metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION),
+    _write_atomic(directory / WEIGHTS_NAME, lambda p: ckpt_io.save_tensors(
+        weights, p, metadata={"format": "pt", "learntok_format_version": str(FORMAT_VERSION),
                                    WEIGHTS_DIGEST_KEY: weights_digest(weights)}))
     _write_atomic(directory / CONFIG_NAME, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
     tokenizer = {"tokenizer_class": "LearntokTokenizer", "auto_map": {"AutoTokenizer": AUTO_MAP["AutoTokenizer"]},
@@ -390,10 +389,16 @@ def load_directory(directory: str | Path, device: str | torch.device = "cpu", so
 
 def load_run(path: str | Path, device: str | torch.device = "cpu"):
     """Load the newest checkpoint of a training run (or one `step_*` checkpoint), with what the run
-    recorded about its training (bytes seen, the last held-out bits per byte)."""
-    model, cfg = ckpt_io.load_model(path, device)
-    ckpt = ckpt_io.latest_checkpoint(Path(path))
-    state = ckpt_io.read_state(ckpt)
+    recorded about its training (bytes seen, the last held-out bits per byte). A checkpoint that cannot be
+    loaded is a ModelLoadError, as every other way of loading fails."""
+    try:
+        model, cfg = ckpt_io.load_model(path, device)
+        ckpt = ckpt_io.latest_checkpoint(Path(path))
+        state = ckpt_io.read_state(ckpt)
+    except ModelLoadError:
+        raise
+    except ckpt_io.CheckpointError as e:
+        raise ModelLoadError(str(e)) from e
     facts = {k: state[k] for k in ("step", "bytes_seen") if k in state}
     metrics = ckpt.parent / "metrics.jsonl"
     if metrics.exists():

@@ -1,5 +1,5 @@
 """Causality by perturbation: changing byte k must leave every output at positions < k bit-identical,
-with boundaries drawn by the real strategy under a fixed seed (DESIGN.md §2). A gradient test cannot
+with boundaries drawn by the real strategy under a fixed seed. A gradient test cannot
 see leaks through discrete samples; this one can.
 
 One exception, of rounding only: when the later bytes change how many tokens a row has, the token level

@@ -297,7 +297,7 @@ def test_a_budget_that_leaves_no_room_for_the_context_is_refused():
 
 
 def test_threshold_is_degenerate_and_quantile_hits_the_target():
-    """DESIGN.md §8: a policy at rate 0.2 has every p < 0.5, so p > 0.5 draws no boundary; the
+    """A policy at rate 0.2 has every p < 0.5, so p > 0.5 draws no boundary; the
     calibrated threshold restores the target rate."""
     model = tiny_model()
     with torch.no_grad():

@@ -138,6 +138,38 @@ def test_truncated_weights(saved):
         assert "do not match" not in str(info.value)  # not a config/weights mismatch
 
 
+def test_weights_are_as_readable_as_the_other_files(tmp_path):
+    """safetensors writes owner-only files (0600): a checkpoint's and a model directory's weights were
+    unreadable to the others who could read their config."""
+    import os
+    import stat
+    model, cfg = make_model()
+    run = run_dir(tmp_path, model, cfg)
+    save_pretrained(model, tmp_path / "saved")
+    config_mode = stat.S_IMODE((tmp_path / "saved" / "config.json").stat().st_mode)
+    weights = [tmp_path / "saved" / "model.safetensors", *sorted((run / "step_000007").glob("*.safetensors"))]
+    assert len(weights) >= 2 and config_mode & 0o044  # a umask of 022 or so
+    for path in weights:
+        assert stat.S_IMODE(path.stat().st_mode) == config_mode, path
+    old = os.umask(0o077)  # and no more readable than the umask allows
+    try:
+        save_pretrained(model, tmp_path / "private")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "private" / "model.safetensors").stat().st_mode) == 0o600
+
+
+def test_a_damaged_training_run_is_a_model_load_error(tmp_path):
+    """A run's checkpoint that cannot be loaded raises ModelLoadError, as a saved directory does, so that one
+    `except ModelLoadError` covers every way of loading (it raised the checkpoint module's own error)."""
+    model, cfg = make_model()
+    run = run_dir(tmp_path, model, cfg)
+    weights = next((run / "step_000007").glob("model*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="step_000007"):
+        from_pretrained(run)
+
+
 def test_damaged_weights_are_refused_and_older_files_still_load(saved):
     """model.safetensors carries the SHA-256 of its tensors in its header: one flipped byte, or a run of 0xff
     (NaN weights, which crashed scoring with an index error), is refused as corrupt. A file without the

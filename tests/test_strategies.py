@@ -268,7 +268,7 @@ def test_hnet_unpool_smooths_with_the_probability_at_each_token():
 
 
 def test_the_causality_test_sees_an_off_by_one_pooling():
-    """The leak DESIGN.md §2 reports in a reimplementation of Nawrot et al.: a token that also averages
+    """The leak of the paper authors' reimplementation of Nawrot et al.: a token that also averages
     the byte after its boundary. The perturbation test must catch it."""
     from test_causality import check_causal, warm_up
     cfg = tiny_config(name="dynamic_pooling")

@@ -1,4 +1,4 @@
-"""`random`: every byte ends a token independently with probability `target_rate` (DESIGN.md §4; the
+"""`random`: every byte ends a token independently with probability `target_rate` (the
 random baseline of the paper's figure 3).
 
     a_i ~ Bernoulli(target_rate) i.i.d.,  a_0 = 1 (and document starts),  a_i = 0 on padding

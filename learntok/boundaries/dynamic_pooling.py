@@ -15,7 +15,7 @@ gradient of the boundaries as in Nawrot's `downsample` (whose weight is 1 - (s -
 byte's own segment s). Upsampling is the U-Net's distribute-then-add; Nawrot's upsampling passes no
 useful gradient to the boundaries either.
 
-Causality (DESIGN.md §2 warns of an off-by-one leak in the paper authors' reimplementation): here a_i
+Causality (the paper authors' reimplementation had an off-by-one leak that gradient tests missed): here a_i
 reads X_i only (bytes <= i), the token built at boundary i averages bytes <= i, and the U-Net shows it
 to positions >= i. The relaxed sample, the straight-through term and the pooling weights never change
 a forward value at an earlier position; `tests/test_causality.py` checks it by perturbation.

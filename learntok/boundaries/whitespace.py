@@ -1,5 +1,5 @@
 """`whitespace`: SpaceByte's patching rule (Slagle 2024, "SpaceByte: Towards Deleting Tokenization from
-Large Language Modeling"; code: kjslag/spacebyte `spacebyte.py`, `patch_method='utf8'`; DESIGN.md §4).
+Large Language Modeling"; code: kjslag/spacebyte `spacebyte.py`, `patch_method='utf8'`).
 
     spacelike(b) = b is not an ASCII letter or digit, and not a UTF-8 continuation byte (0x80-0xBF)
     a_t = spacelike(x_t) and not spacelike(x_{t-1})

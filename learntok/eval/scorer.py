@@ -6,7 +6,7 @@ with PAD; one forward per batch of rows; the NLL of a pair is the sum of ``-log 
 the continuation's bytes. Causality makes right padding harmless: a row's scores do not depend on
 what it is batched with (tested to float tolerance).
 
-**Boundary modes** (DESIGN.md §3, last bullet; §8). Only strategies that sample (the learned policy,
+**Boundary modes**. Only strategies that sample (the learned policy,
 ``stochastic = True``) have a choice; for deterministic strategies the mode is ignored.
 
 * ``sampled`` (default): boundaries drawn from the policy, as in training but without the training
@@ -21,7 +21,7 @@ what it is batched with (tested to float tolerance).
   draws (an estimate of the expected NLL under the policy), each draw's NLL is kept
   (:attr:`ModelScore.sample_nll`) so that reports can give the spread over draws.
 * ``threshold``: ``a_i = [p_i > 0.5]``, computed in order (each decision feeds the lags of the
-  next), as the paper's wording allows. DESIGN.md §8: a policy trained towards a rate of 0.2 puts
+  next), as the paper's wording allows. A policy trained towards a rate of 0.2 puts
   every probability below 0.5, so this draws almost no boundaries and is reported only for
   completeness.
 * ``quantile``: ``a_i = [l_i > tau]`` with one global logit threshold ``tau`` calibrated on text

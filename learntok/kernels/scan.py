@@ -11,7 +11,7 @@ The caller turns uniforms u_i into thresholds once, vectorised (`thresholds_from
 float32 additions and comparisons, in a fixed order. That makes the compiled scan and the reference
 scan agree bit for bit. Forced positions (a_0 = 1, document starts) carry threshold -inf, forbidden
 ones (padding) +inf: the scan sees the executed history, not a sampled value that is later overwritten
-(a pitfall of the authors' code, DESIGN.md §5).
+(a pitfall of the authors' code).
 
 On CPU the scan is a numba-compiled loop, parallel over the batch (B=128, N=4096, w=8 in a few ms on
 2 cores, against ~200 ms for a Python loop). On a GPU it is Triton kernels that split each row into

@@ -41,7 +41,7 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     """cos and sin tables for integer positions (B, T) -> (B, 1, T, head_dim // 2), in fp32.
 
     Positions stay int64 until this point: the authors' code kept them in bf16, where positions above
-    256 collide (DESIGN.md §5)."""
+    256 collide."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, hd/2)
     return angles.cos()[:, None], angles.sin()[:, None]

@@ -1,6 +1,6 @@
 """The training objective, composed in this one place, and its gradient over a batch in any number of
 micro-batches (one is the plain case): L = L_auto + lambda_early L_early + the strategy's weighted
-losses (paper eq. 27), with the advantage baseline over the whole global batch (DESIGN.md §3, §5), plus,
+losses (paper eq. 27), with the advantage baseline over the whole global batch (not per micro-batch, as in the authors' code), plus,
 where `model.lambda_word_start` > 0, lambda_word_start L_word_start: the cross-entropy of a linear probe
 on X_i against "byte i starts a word" (the `word_start` rule), per valid byte, whatever the strategy.
 

@@ -103,6 +103,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, the file then as readable as any other the process writes: `save_file` makes it
+    readable by its owner only (0600), which left a shared model's weights unreadable beside its config."""
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None,
                     state: dict, keep: int = 2, *, model_state: dict | None = None,
                     optimizer_state: dict | None = None, extra: Callable[[Path], None] | None = None) -> Path:
@@ -121,13 +130,13 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module | None, opt
     tmp.mkdir(parents=True)
     try:
         weights = model_state if model_state is not None else model.state_dict()
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        save_tensors({k: v.detach().cpu().contiguous() for k, v in weights.items()}, tmp / "model.safetensors")
         full_state = {"format_version": FORMAT_VERSION, "step": step, **state}
         if optimizer_state is None and optimizer is not None:
             optimizer_state = optimizer.state_dict()
         if optimizer_state is not None:
             tensors, meta = _optimizer_tensors(optimizer_state)
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            save_tensors(tensors, tmp / "optimizer.safetensors")
             full_state["optimizer"] = meta
         if extra is not None:
             extra(tmp)

@@ -411,7 +411,7 @@ class Trainer:
         # FLOPs of a second boundary draw (counted from shapes)
         tokens, second_draws = int(metrics["tokens"]), int(metrics.get("baseline_flops", 0))
         if not self.dist.enabled:
-            # clipped once, on the gradient of the whole batch (not per micro-batch: DESIGN.md §5)
+            # clipped once, on the gradient of the whole batch (not per micro-batch, as the authors' code clips)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             loss = metrics["loss"]
             self.flops += self.model.flops(int(batch.inputs.numel()), tokens, self.model.draws) + second_draws
