@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.model.n_down_layers}/{cfg.model.n_mid_layers}/{cfg.model.n_up_layers} layers) learns where tokens end,\n"
           f"trained for {t.training_bytes / 1e6:.1f}M bytes on English prose shipped with Python (help topics and\n"
           f"standard-library docstrings). 4 to 6 minutes on 2 idle CPU cores; training stops at {args.max_minutes:g} "
-          f"minutes at most, and evaluation takes a minute or two more.")
+          f"minutes at most, and evaluation takes under a minute more.")
     if run_dir.exists():  # an earlier run (or nothing): start afresh rather than append to it
         shutil.rmtree(run_dir)
     try:
