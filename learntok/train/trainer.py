@@ -90,6 +90,29 @@ def set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+MALLOC_SETTINGS = {-3: 32 << 20, -1: 1 << 30}  # mallopt: M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 1 GiB
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep freed memory for the next allocation rather than give it back to the system.
+    A CPU training step frees and allocates the same few-MB activations hundreds of times; by default blocks
+    above 128 KiB come from mmap and the heap's free top is returned, so each came back as fresh pages,
+    faulted in one by one (thousands of page faults a step on the demo's model). Allocation only: every
+    number computed is the same. Nothing happens off glibc, or where the user set malloc's own environment
+    variables (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), which then decide."""
+    import ctypes
+    import os
+
+    if not sys.platform.startswith("linux") or any(k.startswith("MALLOC_") for k in os.environ):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        for param, value in MALLOC_SETTINGS.items():
+            libc.mallopt(param, value)
+    except (OSError, AttributeError):  # not glibc (musl has no libc.so.6 of that name, nor this mallopt)
+        pass
+
+
 def build_model(cfg: RunConfig) -> ByteUNet:
     torch.manual_seed(cfg.train.seed)
     return ByteUNet(cfg.model, cfg.boundaries)
@@ -105,6 +128,8 @@ class Trainer:
         set_threads(t.threads)
         # torchrun's processes join one group here; one process is rank 0 of 1 (train/distributed.py)
         self.dist, self.device = init_distributed(t.device, t.parallel)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         world = self.dist.world_size
         if t.batch_size % (world * t.micro_batches):
             raise ValueError(f"train.batch_size={t.batch_size} must split into {world} ranks x "
