@@ -178,17 +178,42 @@ def test_paper_suite_two_checkpoints(capsys, run_dir, full_eval_dir, text_file, 
 
 
 def test_missing_benchmark_is_reported(capsys, run_dir, eval_dir, monkeypatch):
-    """A task with no local file goes to the hub; when that fails the run goes on and exits 1."""
+    """With no folder chosen, a task the default folder lacks goes to the hub; when that fails the run goes
+    on and exits 1, the hub tried once for all checkpoints (offline, each try spends its retries), and the
+    notes say where each task came from."""
+    from learntok.commands import eval_command
     from learntok.eval import benchmarks
 
+    tries = []
+
     def unavailable(task, *a, **k):
+        tries.append(task)
         raise benchmarks.BenchmarkUnavailableError(f"{task}: hub not reachable (test)")
 
     monkeypatch.setattr(benchmarks, "_iter_hf", unavailable)
+    monkeypatch.delenv("LEARNTOK_EVAL_DIR", raising=False)
+    monkeypatch.setattr(eval_command, "default_eval_dir", lambda: eval_dir)
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--checkpoint", run_dir, "--name", "a", "--name", "b",
+                             "--tasks", "piqa,arc_easy", "--limit", "1", "--no-progress")
+    assert code == 1 and tries == ["arc_easy"]
+    assert "arc_easy: not scored: arc_easy: hub not reachable (test)" in err and "(as for a)" in err
+    assert "| PIQA |" in out and f"piqa from {eval_dir}, arc_easy from the Hugging Face hub" in out
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "arc_easy", "--limit", "1", "--no-progress")
+    assert code == 1 and "nothing was scored" in err and "|" not in out  # no table without a column
+
+
+def test_a_chosen_benchmark_folder_must_hold_the_tasks(capsys, run_dir, eval_dir, monkeypatch):
+    """--eval-dir (or $LEARNTOK_EVAL_DIR) names the files to score: one it lacks is an error naming what was
+    looked for, before any model is loaded, not a silent download of something else."""
+    from learntok.eval import benchmarks
+
+    monkeypatch.setattr(benchmarks, "_iter_hf", lambda *a, **k: pytest.fail("the hub was asked"))
     code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "piqa,arc_easy", "--eval-dir", eval_dir,
-                             "--limit", "1", "--no-progress")
-    assert code == 1
-    assert "arc_easy: not scored" in err and "| PIQA |" in out
+                             "--no-progress")
+    assert code == 2 and f"{eval_dir} holds no arc_easy file (looked for arc_easy_test.jsonl" in err
+    monkeypatch.setenv("LEARNTOK_EVAL_DIR", str(eval_dir))
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "arc_easy", "--no-progress")
+    assert code == 2 and "holds no arc_easy file" in err
 
 
 def test_quantile_mode(capsys, run_dir, text_file):

@@ -7,7 +7,7 @@
 
 Benchmarks are read from local files when there are some (``--eval-dir``, else ``$LEARNTOK_EVAL_DIR``,
 else ``../shared/data/eval`` of a development checkout), otherwise from the Hugging Face hub with
-`datasets`. Scores are the bits-per-byte of the gold continuation (paper §4.2, appendix D); see
+`datasets`; a folder you name must hold every task asked for. Scores are the bits-per-byte of the gold continuation (paper §4.2, appendix D); see
 `learntok.eval.benchmarks` for the prompts and `learntok.eval.scorer` for boundary modes, seeds and
 truncation of long items. With several checkpoints a second table gives each one's difference from the
 first, with the standard error of that difference over the same documents and items (paired: the spread
@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--suite", choices=sorted(SUITES),
                    help="'paper': the four benchmarks and held-out text, written in the layout of the paper's Table 1")
     g.add_argument("--limit", type=int, help="score only the first N items of each benchmark")
-    g.add_argument("--eval-dir", help="folder with the benchmark files (piqa_validation.jsonl.gz, ...)")
+    g.add_argument("--eval-dir", help="folder with the benchmark files (piqa_validation.jsonl.gz, ...), one for each "
+                                      "task asked for (default: $LEARNTOK_EVAL_DIR; without either, the hub)")
     g = p.add_argument_group("boundaries")
     g.add_argument("--boundaries", choices=("sampled", "threshold", "quantile"), default="sampled",
                    help="sampled (default: seeded draws from the policy); threshold (p > 0.5, degenerate for a "
@@ -86,13 +87,20 @@ def default_eval_dir() -> Path | None:
     return next((c for c in candidates if c.is_dir()), None)
 
 
-def _task_source(task: str, eval_dir: Path | None) -> Path | None:
-    """The local file for `task` in `eval_dir`, or None (the hub)."""
+def _task_source(task: str, eval_dir: Path | None, chosen: bool) -> Path | None:
+    """The local file for `task` in `eval_dir`, or None (the hub). A folder the user chose (`chosen`:
+    --eval-dir or $LEARNTOK_EVAL_DIR) must hold it: falling back on the hub would score other files than the
+    ones asked for, or offline spend a minute on retries before failing."""
     from ..eval.benchmarks import DEFAULT_FILES
 
     if eval_dir is None:
         return None
-    return next((eval_dir / f for f in DEFAULT_FILES[task] if (eval_dir / f).is_file()), None)
+    found = next((eval_dir / f for f in DEFAULT_FILES[task] if (eval_dir / f).is_file()), None)
+    if found is None and chosen:
+        raise CommandError(f"{eval_dir} holds no {task} file (looked for {', '.join(DEFAULT_FILES[task])}); put it "
+                           f"there, or choose no folder (--eval-dir, $LEARNTOK_EVAL_DIR) to download it from the "
+                           f"Hugging Face hub")
+    return found
 
 
 def _row_name(path: str) -> str:
@@ -146,12 +154,15 @@ def run(args: argparse.Namespace) -> int:
     eval_dir = Path(args.eval_dir) if args.eval_dir else default_eval_dir()
     if args.eval_dir and not eval_dir.is_dir():
         raise CommandError(f"--eval-dir {eval_dir} is not a folder")
+    chosen = bool(args.eval_dir or os.environ.get("LEARNTOK_EVAL_DIR"))
+    sources = {task: _task_source(task, eval_dir, chosen) for task in tasks}
+    unavailable: dict[str, str] = {}  # a task that could not be had for one checkpoint is not tried again
 
     rows: dict[str, dict] = {}
     failures = 0
     heldout_docs, heldout_source = None, None
     meta: dict = {"checkpoints": {}, "tasks": tasks, "limit": args.limit, "heldout": None,
-                  "eval_dir": str(eval_dir) if eval_dir else None}
+                  "sources": {task: str(source) if source else None for task, source in sources.items()}}
     for i, ckpt in enumerate(args.checkpoint):
         name = names[i]
         try:
@@ -204,11 +215,16 @@ def run(args: argparse.Namespace) -> int:
         results = {}
         for task in tasks:
             scorer.reset_stats()
+            if task in unavailable:
+                _say(f"  {task}: not scored: {unavailable[task]} (as for {names[0]})")
+                failures += 1
+                continue
             try:
-                res = evaluate_task(task, scorer, _task_source(task, eval_dir), batch_size=args.batch_size,
+                res = evaluate_task(task, scorer, sources[task], batch_size=args.batch_size,
                                     limit=args.limit, progress=not args.no_progress)
             except (BenchmarkUnavailableError, FileNotFoundError) as e:
                 _say(f"  {task}: not scored: {e}")
+                unavailable[task] = str(e)
                 failures += 1
                 continue
             res.extra.update(boundary_rate=scorer.boundary_rate, **scorer.describe())
@@ -226,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
     notes = _notes(meta, args)
     title = "Table 1 (paper layout)" if args.suite else None
     columns = [c for c in COLUMNS if any(c[0] in r for r in rows.values())] if not args.suite else COLUMNS
+    if not columns:  # every task failed, as said above: no table to show
+        _say("nothing was scored")
+        return 1
     if args.out:
         md, js = write_report(rows, args.out, columns=columns, notes=notes, meta=meta, title=title)
         _say(f"wrote {md} and {js}")
@@ -257,7 +276,9 @@ def _notes(meta: dict, args) -> list[str]:
                "deterministic": f"{c['strategy']} boundaries (deterministic)"}[c["boundary_mode"]]
         notes.append(f"{name}: {c['parameters'] / 1e6:.2f}M parameters, {how}, rows of at most {c['max_len']} bytes")
     if meta["tasks"]:
-        where = meta["eval_dir"] or "the Hugging Face hub"
+        folders = {str(Path(s).parent) if s else "the Hugging Face hub" for s in meta["sources"].values()}
+        where = folders.pop() if len(folders) == 1 else ", ".join(
+            f"{task} from {Path(s).parent if s else 'the Hugging Face hub'}" for task, s in meta["sources"].items())
         limit = f", first {args.limit} items of each" if args.limit else ""
         notes.append(f"benchmarks from {where}{limit}; accuracy: lowest-bpb candidate, LAMBADA greedy match")
     if meta["heldout"]:
