@@ -95,6 +95,7 @@ def test_compare_end_to_end(prepared, tmp_path, capsys):
     assert diff["difference"] == pytest.approx(by_name["bpe"]["bpb"] - by_name["uniform"]["bpb"])
     assert diff["se_seeds"] is None and diff["se_text"] > 0  # one seed: the held-out text's error only
     assert "held-out bpb minus uniform's" in table
+    assert "Each held-out sequence is a held-out document's first" not in table  # packed: sequences, not starts
     assert by_name["bpe"]["bpe_f1"] == 1.0  # the reference is the track it trains with
     html = (out / "segmentation.html").read_text()
     assert all(f"<h2>{name} " in html for name in ("uniform", "bpe"))
@@ -123,6 +124,17 @@ def test_compare_runs_on_the_demo_corpus(tmp_path, capsys):
     [row] = results["rows"]
     assert row["status"] == "ok" and 0 < row["bpb"] < 9 and 0 < row["bpe_f1"] < 1
     assert "a BPE fitted by `learntok compare` to the training data" in (out / "table.md").read_text()
+
+
+def test_in_paper_mode_the_report_says_the_heldout_sequences_are_document_starts(prepared, tmp_path):
+    """Paper mode scores each held-out document's first seq_len bytes; `learntok eval` scores whole documents
+    and can rank strategies otherwise, so the table says which it is."""
+    out = tmp_path / "report"
+    assert cli_main(["compare", "--strategies", "uniform", "--flops", "3e8", "--out", str(out), "--eval-points", "1",
+                     "--heldout-sequences", "2", "--no-progress", *TINY, f"data.source={prepared}",
+                     "data.mode=paper"]) == 0
+    assert ("Each held-out sequence is a held-out document's first 64 bytes, as training cuts them; `learntok eval` "
+            "scores whole documents") in (out / "table.md").read_text()
 
 
 @pytest.mark.parametrize("signal_number", [2, 15])

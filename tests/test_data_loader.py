@@ -216,4 +216,8 @@ def test_open_prepared_for_the_trainer(tmp_path):
     data = open_prepared(cfg, rank=1, world_size=2)
     assert isinstance(data.train, ShardedBatches) and data.train.rank == 1
     assert [len(b.inputs) for b in data.val] == [2, 2]  # val: 2 docs of 12 bytes + separator = 4 windows of 8
-    assert "packed mode" in data.description
+    assert "packed mode" in data.description and "first 8 bytes" not in data.description
+    # in paper mode the held-out sequences are the documents' starts: `learntok eval` scores more of them
+    cfg.data.mode = "paper"
+    assert ("held-out sequences (each held-out document's first 8 bytes, as training cuts them: its held-out bpb; "
+            "`learntok eval` scores whole documents)") in open_prepared(cfg).description

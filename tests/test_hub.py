@@ -72,6 +72,13 @@ def test_training_run_directory(tmp_path):
     assert meta["training"]["bytes_seen"] == 3584
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "3,584" in card and "2.500" in card and "training sequence length | 64 bytes" in card
+    cut = "each held-out document's first 64 bytes, as training cut them"  # (paper mode cuts documents)
+    assert (cut in card) == (cfg.data.mode == "paper" and cfg.data.source != "demo")
+    from learntok.hub import model_card
+    meta["data"].update(source="data/prose", mode="paper")
+    assert f"| held-out bits per byte | 2.500 (boundaries sampled; {cut}) |" in model_card(meta)
+    meta["data"]["mode"] = "packed"
+    assert "| held-out bits per byte | 2.500 (boundaries sampled) |" in model_card(meta)
     again = from_pretrained(tmp_path / "hf")
     assert again.info.run_known and again.info.config.train.seq_len == 64
     assert torch.equal(logits(model), logits(again))

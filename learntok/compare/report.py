@@ -17,6 +17,7 @@ import torch
 
 from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
 from ..eval.benchmarks import ratio_and_se
+from ..config import load_config
 from .run import BpeReference, CompareSettings, RunResult, to_json
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
@@ -349,6 +350,10 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     first_ok = next((r for r in results if r.status == "ok"), None)
     ws_share = first_ok.analysis["summary"]["whitespace_share"] if first_ok else float("nan")
     table = table_markdown(rows, settings.flops)
+    cfg = load_config(settings.config, settings.overrides)
+    cut = (f" Each held-out sequence is a held-out document's first {cfg.train.seq_len} bytes, as training cuts "
+           f"them; `learntok eval` scores whole documents, which can rank the strategies otherwise."
+           if cfg.data.mode == "paper" and cfg.data.source != "demo" else "")
     held_out = (f"{first_ok.analysis.get('heldout_sequences')} held-out sequences "
                 f"({first_ok.analysis.get('heldout_bytes')} predicted bytes)") if first_ok else "held-out sequences"
     spread = (f"; ± is the standard deviation over the seeds a strategy finished, of {settings.seeds}."
@@ -357,7 +362,7 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
         (f"Budget: {settings.flops:.4g} training FLOPs per run (paper §4.2 accounting); each run re-plans its "
          f"training bytes so that its cosine schedule ends at the budget (see `learntok/compare/__init__.py`)."),
         (f"Held-out bpb: the trainer's `evaluate` on the same {held_out} for every strategy, boundaries sampled "
-         f"({settings.eval_samples} seeded draws for stochastic strategies, 1 for deterministic ones){spread}"),
+         f"({settings.eval_samples} seeded draws for stochastic strategies, 1 for deterministic ones){spread}{cut}"),
         (f"Boundary measures on the same held-out batches, forced boundaries (BOS, document starts) excluded. "
          f"Whitespace is {ws_share:.3f} of these bytes: the whitespace precision of placement blind to it. "
          "Word starts: the first byte of each word (the `word_start` strategy's rule)."),

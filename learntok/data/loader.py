@@ -345,6 +345,8 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
     description = (
         f"{path} ({mode} mode): {train.num_sequences:,} training sequences of {t.seq_len} bytes from "
         f"{len(train.split):,} documents{skipped}; {sum(len(b.inputs) for b in val)} held-out sequences{track_info}"
+        + (f" (each held-out document's first {t.seq_len} bytes, as training cuts them: its held-out bpb; "
+           f"`learntok eval` scores whole documents)" if mode == "paper" else "")
     )
     return DataSources(train, val, description, segmenter)
 
