@@ -56,6 +56,12 @@ def test_paper_mode_needs_long_enough_documents(tmp_path):
     path = dataset(tmp_path, [b"short", b"tiny"])
     with pytest.raises(ValueError, match="no document has seq_len=8 bytes \\(the longest has 5\\).*packed"):
         ShardedBatches(path, seq_len=8, batch_size=1)
+    empty = tmp_path / "empty"  # an empty val split
+    with DatasetWriter(empty) as w:
+        w.add("train", b"only one document")
+        w.commit({"source": ["test"]})
+    with pytest.raises(ValueError, match=r"val: the split holds no documents$"):  # not: "use packed mode"
+        ShardedBatches(empty, seq_len=8, batch_size=1, split="val")
 
 
 def test_packed_mode_worked_example(tmp_path):

@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(f"held-out text: {e}") from None
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
-            _say(f"held-out text: {what}, {len(heldout_docs):,} documents, {meta['heldout']['bytes']:,} bytes")
+            _say(f"held-out text: {what}, {len(heldout_docs):,} document{'s' if len(heldout_docs) != 1 else ''}, {meta['heldout']['bytes']:,} bytes")
             if args.max_docs is not None and args.max_docs > 1 and len(heldout_docs) == 1 and not args.max_bytes:
                 _say(f"--max-docs {args.max_docs} leaves {what} whole: it is one text (a demo corpus stream or a "
                      f"plain-text file); --max-bytes shortens it")
@@ -285,7 +285,7 @@ def _notes(meta: dict, args) -> list[str]:
         h = meta["heldout"]
         one_text = ("; its \u00b1 is over the windows of one text, which are correlated, so it is optimistic"
                     if h["documents"] == 1 else "")
-        notes.append(f"held-out text: {h['source']} ({h['documents']:,} documents, {h['bytes']:,} bytes), "
+        notes.append(f"held-out text: {h['source']} ({h['documents']:,} document{'s' if h['documents'] != 1 else ''}, {h['bytes']:,} bytes), "
                      f"pooled bits-per-byte{one_text}")
     return notes
 

@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         if n > shown:
             print(f"... {n - shown} more documents")
         shown_bpb = f"{overall:.3f}" if overall is not None else "none"
-        print(f"{f'total ({n} documents, byte-weighted)':<44} {int(total_bytes):>10,} {shown_bpb:>7}")
+        total = f"total ({n} document{'s' if n != 1 else ''}, byte-weighted)"
+        print(f"{total:<44} {int(total_bytes):>10,} {shown_bpb:>7}")
         if len(per_doc) > 1:
             empty = f", {n - len(per_doc)} empty left out" if len(per_doc) < n else ""
             print(f"{f'mean over documents{empty}':<44} {'':>10} {mean_doc:>7.3f}")

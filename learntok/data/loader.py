@@ -53,8 +53,10 @@ class _PaperSequences:
         self.split, self.seq_len = split, seq_len
         self.doc_ids = np.flatnonzero(lengths >= seq_len)
         self.dropped_short = int(len(lengths) - len(self.doc_ids))
+        if len(lengths) == 0:  # (neither another mode nor length would help)
+            raise ValueError(f"{split.root / split.name}: the split holds no documents")
         if len(self.doc_ids) == 0:
-            longest = int(lengths.max()) if len(lengths) else 0
+            longest = int(lengths.max())
             raise ValueError(
                 f"{split.root / split.name}: no document has seq_len={seq_len} bytes (the longest has "
                 f"{longest}); use mode='packed' or a shorter seq_len"
