@@ -193,6 +193,8 @@ def test_sigterm_saves_a_checkpoint_then_resume_matches(reference_run, tmp_path)
     assert len(saved) == 1
     step = int(saved[0].name[5:])
     assert f"stopped by signal {int(signal.SIGTERM)} at step {step}; checkpoint saved" in out
+    logged = re.search(r"\nlast logged step (\d+): train bpb", out)  # the last log line's step, not the checkpoint's
+    assert logged and int(logged.group(1)) <= step, out
     assert 3 <= step < 24
     assert resume_in_process(run_dir) == 0
     assert without_timing(read_metrics(run_dir / "metrics.jsonl")) == without_timing(reference)

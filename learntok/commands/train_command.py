@@ -109,7 +109,9 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(str(e), status=1) from None
     if last and "bpb" in last:
         heldout = f"held-out bpb {last['val_bpb']:.3f}, " if "val_bpb" in last else ""  # none when stopped early
-        say(f"step {last['step']}: train bpb {last['bpb']:.3f}, {heldout}boundary rate {last['boundary_rate']:.3f}")
+        # stopped by a signal, the checkpoint's step is past the last log line's: say which this is
+        logged = "last logged step" if trainer.stopped_by is not None else "step"
+        say(f"{logged} {last['step']}: train bpb {last['bpb']:.3f}, {heldout}boundary rate {last['boundary_rate']:.3f}")
     if trainer.stopped_by is not None:
         return 128 + trainer.stopped_by
     return 0
