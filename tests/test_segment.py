@@ -328,6 +328,12 @@ def test_generate_command(model_dir, capsys):
     assert "a stop string" in stopped.err
     assert main([*args[:4], "--max-bytes", "0"]) == 0  # no byte drawn: the prompt alone
     assert capsys.readouterr().out == "Hi\n"
+    # past the rows it trained on it still generates, and says so (transformers warns there too)
+    from learntok.hub import default_context, from_pretrained
+    trained = default_context(from_pretrained(model_dir)) - 1
+    assert "ran past" not in first.err and 2 + 30 <= trained
+    assert main([*args[:4], "--max-bytes", str(trained - 1), "--ignore-eos"]) == 0
+    assert f"prompt and output ran past the {trained:,} bytes of the rows it trained on" in capsys.readouterr().err
 
 
 def test_a_model_whose_boundaries_come_from_the_data_says_how_to_score_it(tmp_path, capsys):

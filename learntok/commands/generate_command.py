@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..display import legend, render, use_colour
     from ..generation import check_sampling, generate
+    from ..hub import default_context
 
     try:  # before anything is printed
         check_sampling(args.temperature, args.top_k, args.top_p)
@@ -86,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     if args.show_boundaries:
         colour = use_colour()
         print(f"\nboundaries drawn while generating {legend(colour)}:\n{render(result.segmentation(), colour)}")
+    trained = default_context(model) - 1  # bytes after BOS in the rows it trained on
+    past = (f"; prompt and output ran past the {trained:,} bytes of the rows it trained on"
+            if len(prompt) + len(result.data) > trained else "")
     print(f"[{len(result.data)} bytes in {seconds:.2f} s ({len(result.data) / max(seconds, 1e-9):.0f} bytes/s), "
-          f"stopped at {STOPPED[result.stop]}, seed {result.seed}]",
+          f"stopped at {STOPPED[result.stop]}, seed {result.seed}{past}]",
           file=sys.stderr)
     return 0
