@@ -116,7 +116,7 @@ def test_tasks_and_table(capsys, run_dir, eval_dir, text_file, tmp_path):
                              "--data", text_file, "--samples", "2", "--out", out_dir, "--no-progress")
     assert code == 0, err
     assert "| Model | PIQA | LAMBADA | Held-out text |" in out
-    assert "K=2" in out
+    assert "K=2" in out and "for this one draw" not in out
     data = json.loads((out_dir / "table1.json").read_text())
     results = data["rows"][0]["results"]
     assert results["piqa"]["n"] == 3 and results["lambada"]["n"] == 2
@@ -196,6 +196,7 @@ def test_missing_benchmark_is_reported(capsys, run_dir, eval_dir, monkeypatch):
     code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--checkpoint", run_dir, "--name", "a", "--name", "b",
                              "--tasks", "piqa,arc_easy", "--limit", "1", "--no-progress")
     assert code == 1 and tries == ["arc_easy"]
+    assert "K=1, seed 0; the \u00b1 is over documents for this one draw" in out  # one draw: --seed moves it too
     assert "arc_easy: not scored: arc_easy: hub not reachable (test)" in err and "(as for a)" in err
     assert "| PIQA |" in out and f"piqa from {eval_dir}, arc_easy from the Hugging Face hub" in out
     code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "arc_easy", "--limit", "1", "--no-progress")

@@ -268,7 +268,10 @@ def _line(res) -> str:
 def _notes(meta: dict, args) -> list[str]:
     notes = []
     for name, c in meta["checkpoints"].items():
-        how = {"sampled": f"boundaries sampled (K={c['samples']}, seed {c['seed']})",
+        one_draw = ("; the \u00b1 is over documents for this one draw, in which every row takes the same uniforms at "
+                    "the same positions, so the rate and bpb also move with --seed: --samples K averages K draws and "
+                    "gives their spread") if c["samples"] == 1 else ""
+        how = {"sampled": f"boundaries sampled (K={c['samples']}, seed {c['seed']}{one_draw})",
                "threshold": "boundaries thresholded at p > 0.5",
                "quantile": f"boundaries at a logit threshold tau = {c.get('tau', float('nan')):.4f} calibrated to "
                            f"the target rate on {c.get('calibration', {}).get('source', '?')}"
