@@ -183,3 +183,13 @@ def test_heldout_boundaries_follow_the_documents_read_heldout_reads(tmp_path):
     (tmp_path / "plain.txt").write_text("abcdef")
     with pytest.raises(ValueError, match="not a prepared directory"):
         heldout_boundaries(tmp_path / "plain.txt", "file", docs)
+
+
+def test_a_bpe_track_short_of_its_target_says_why():
+    from learntok.data.shards import describe_track
+    info = {"vocab_size": 14753, "rate_by_split": {"train": 0.241}, "reached": False, "target_rate": 0.2,
+            "shift": 1, "tokenizer": "bpe_tokenizer.json"}
+    line = describe_track("bpe", info)
+    assert "boundary rate train 0.241 (target 0.2 not reachable: the closest; BPE merges neither across the word " \
+           "splits of its pre-tokenizer nor pairs seen once" in line
+    assert "not reachable" not in describe_track("bpe", {**info, "reached": True})

@@ -556,7 +556,9 @@ def describe_track(name: str, info: dict[str, Any]) -> str:
     """One line on a boundary track, from its entry in meta.json's "tracks"."""
     rates = ", ".join(f"{k} {v:.3f}" for k, v in info.get("rate_by_split", {}).items())
     if name == BPE_TRACK:
-        note = "" if info.get("reached", True) else f" (target {info.get('target_rate')} not reachable: the closest)"
+        note = "" if info.get("reached", True) else (
+            f" (target {info.get('target_rate')} not reachable: the closest; BPE merges neither across the word "
+            f"splits of its pre-tokenizer nor pairs seen once, which bounds the rate on short words or a small corpus)")
         return (f"{name} track: BPE guidance, vocabulary {info.get('vocab_size')}, boundary rate {rates}{note}, shifted "
                 f"by {info.get('shift', 1)}; tokenizer in {info.get('tokenizer')}; BPE merges inside a word still "
                 f"depend on later bytes")
