@@ -225,5 +225,9 @@ def test_open_prepared_for_the_trainer(tmp_path):
     assert "packed mode" in data.description and "first 8 bytes" not in data.description
     # in paper mode the held-out sequences are the documents' starts: `learntok eval` scores more of them
     cfg.data.mode = "paper"
+    description = open_prepared(cfg).description
     assert ("held-out sequences (each held-out document's first 8 bytes, as training cuts them: its held-out bpb; "
-            "`learntok eval` scores whole documents)") in open_prepared(cfg).description
+            "`learntok eval` scores whole documents)") in description
+    # and how much of the training text it reads: 10 documents of 12 bytes, each cut to 8
+    assert "0 documents shorter than 8 bytes skipped; 67% of the split's bytes (data.mode=packed reads them all)" \
+        in description

@@ -343,7 +343,12 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
     except ValueError as e:
         raise ValueError(f"no validation sequences: {e} (prepare with a larger --val-fraction?)") from e
     val = list(val_loader.val_batches(t.batch_size * t.eval_batches))
-    skipped = f", {train.dropped_short:,} documents shorter than {t.seq_len} bytes skipped" if mode == "paper" else ""
+    skipped = ""
+    if mode == "paper":  # each document's first seq_len bytes only: say how much of the text that leaves unread
+        total = int(train.split.doc_lengths().sum())
+        skipped = (f", {train.dropped_short:,} documents shorter than {t.seq_len} bytes skipped; "
+                   f"{train.num_sequences * t.seq_len / max(total, 1):.0%} of the split's bytes "
+                   f"(data.mode=packed reads them all)")
     description = (
         f"{path} ({mode} mode): {train.num_sequences:,} training sequences of {t.seq_len} bytes from "
         f"{len(train.split):,} documents{skipped}; {sum(len(b.inputs) for b in val)} held-out sequences{track_info}"
