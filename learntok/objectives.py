@@ -58,8 +58,9 @@ def batch_centered(values: torch.Tensor, mask: torch.Tensor, mode: str = "mean",
     sequences of two draws, G = [1, 3, 2, 6]: group -> [-1, 1, -2, 2]; group_loo -> [-2, 2, -4, 4].
 
     `totals`: (sum over rows of values * mask, count of such rows), each (T,), taken over a larger batch
-    that `values` is part of (gradient accumulation: the whole global batch, not each micro-batch as in the authors' code); default:
-    over `values` itself. Group modes need no totals: a group never spans micro-batches or ranks."""
+    that `values` is part of (gradient accumulation: the whole global batch, not each micro-batch as in the
+    authors' code); default: over `values` itself. Group modes need no totals: a group never spans
+    micro-batches or ranks."""
     if mode in ("none", "draw"):
         return values * mask
     m = mask.to(values.dtype)

@@ -160,14 +160,16 @@ def test_the_partial_output_of_a_killed_run_on_this_machine_is_removed(tmp_path)
     gone.wait()  # a process id that no longer runs
     host = _host()
     stale, running = tmp_path / f".out.tmp-{host}-{gone.pid}", tmp_path / f".out.tmp-{host}-{os.getppid()}"
-    elsewhere, older, other = tmp_path / ".out.tmp-another-host-1", tmp_path / ".out.tmp-7", tmp_path / f".other.tmp-{host}-{gone.pid}"
+    elsewhere, older = tmp_path / ".out.tmp-another-host-1", tmp_path / ".out.tmp-7"
+    other = tmp_path / f".other.tmp-{host}-{gone.pid}"
     for folder in (stale, running, elsewhere, older, other):
         (folder / "train").mkdir(parents=True)
     corpus = write_corpus(tmp_path / "c.jsonl", make_docs(20))
     summary = run([corpus], tmp_path / "out")
     assert not stale.exists() and all(f.exists() for f in (running, elsewhere, older, other))
     assert summary["removed_stale"] == [str(stale)]
-    assert f"removed {stale}: the partial output of an earlier run on this machine that was killed" in format_summary(summary)
+    said = f"removed {stale}: the partial output of an earlier run on this machine that was killed"
+    assert said in format_summary(summary)
     assert "removed_stale" not in run([corpus], tmp_path / "out", overwrite=True)
 
 

@@ -7,8 +7,8 @@ Equations implemented:
   a_i ~ Bernoulli(sigmoid(l_i)), a_0 = 1                                 (eq. 19-20)
   R_t = log p(x_{t+1}|...) - log p_early(x_{t+1}|...), G, A, L_pi, L_target  (eq. 15-18, 24)
 
-Deliberate choices (README, "Decisions where the paper is silent"): `lags` counts the W_j with j >= 1 as in the paper's formula (the
-authors' code used `filter_size = 8` for 7 lags plus W_0); the policy has no bias beyond
+Deliberate choices (README, "Decisions where the paper is silent"): `lags` counts the W_j with j >= 1 as
+in the paper's formula (the authors' code used `filter_size = 8` for 7 lags plus W_0); the policy has no bias beyond
 logit(target); the softcap value is ours (the paper does not state it); forced boundaries (a_0 and
 document starts) are set inside the scan, so later positions condition on the executed history; the
 advantage baseline is the mean over the whole batch given to `losses()`.

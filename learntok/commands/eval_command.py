@@ -7,11 +7,11 @@
 
 Benchmarks are read from local files when there are some (``--eval-dir``, else ``$LEARNTOK_EVAL_DIR``,
 else ``../shared/data/eval`` of a development checkout), otherwise from the Hugging Face hub with
-`datasets`; a folder you name must hold every task asked for. Scores are the bits-per-byte of the gold continuation (paper §4.2, appendix D); see
-`learntok.eval.benchmarks` for the prompts and `learntok.eval.scorer` for boundary modes, seeds and
-truncation of long items. With several checkpoints a second table gives each one's difference from the
-first, with the standard error of that difference over the same documents and items (paired: the spread
-between documents, which the table's own ± holds, cancels).
+`datasets`; a folder you name must hold every task asked for. Scores are the bits-per-byte of the gold
+continuation (paper §4.2, appendix D); see `learntok.eval.benchmarks` for the prompts and `learntok.eval.scorer`
+for boundary modes, seeds and truncation of long items. With several checkpoints a second table gives each
+one's difference from the first, with the standard error of that difference over the same documents and items
+(paired: the spread between documents, which the table's own ± holds, cancels).
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CommandError(f"held-out text: {e}") from None
             meta["heldout"] = {"source": what, "documents": len(heldout_docs),
                                "bytes": sum(map(len, heldout_docs))}
-            _say(f"held-out text: {what}, {len(heldout_docs):,} document{'s' if len(heldout_docs) != 1 else ''}, {meta['heldout']['bytes']:,} bytes")
+            count = f"{len(heldout_docs):,} document{'s' if len(heldout_docs) != 1 else ''}"
+            _say(f"held-out text: {what}, {count}, {meta['heldout']['bytes']:,} bytes")
             if args.max_docs is not None and args.max_docs > 1 and len(heldout_docs) == 1 and not args.max_bytes:
                 _say(f"--max-docs {args.max_docs} leaves {what} whole: it is one text (a demo corpus stream or a "
                      f"plain-text file); --max-bytes shortens it")
@@ -288,7 +289,8 @@ def _notes(meta: dict, args) -> list[str]:
         h = meta["heldout"]
         one_text = ("; its \u00b1 is over the windows of one text, which are correlated, so it is optimistic"
                     if h["documents"] == 1 else "")
-        notes.append(f"held-out text: {h['source']} ({h['documents']:,} document{'s' if h['documents'] != 1 else ''}, {h['bytes']:,} bytes), "
+        count = f"{h['documents']:,} document{'s' if h['documents'] != 1 else ''}"
+        notes.append(f"held-out text: {h['source']} ({count}, {h['bytes']:,} bytes), "
                      f"pooled bits-per-byte{one_text}")
     return notes
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
-from ..eval.benchmarks import ratio_and_se
 from ..config import load_config
+from ..eval.benchmarks import ratio_and_se
 from .run import BpeReference, CompareSettings, RunResult, to_json
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,

@@ -354,7 +354,8 @@ class BpeReference:
         self.description = "none (install tokenizers for BPE agreement)"
         demo = cfg.data.source == "demo"  # built in memory: no dataset, so no stored BPE
         try:
-            tokenizer = None if demo else track_tokenizer(Path(cfg.data.source), STRATEGIES[BPE_GUIDANCE].supplied_track)
+            track = STRATEGIES[BPE_GUIDANCE].supplied_track
+            tokenizer = None if demo else track_tokenizer(Path(cfg.data.source), track)
             if tokenizer is not None and tokenizer.exists():
                 self.segmenter = BpeSegmenter.load(tokenizer)
                 self.description = f"the dataset's BPE ({tokenizer})"

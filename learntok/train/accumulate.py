@@ -1,8 +1,9 @@
 """The training objective, composed in this one place, and its gradient over a batch in any number of
 micro-batches (one is the plain case): L = L_auto + lambda_early L_early + the strategy's weighted
-losses (paper eq. 27), with the advantage baseline over the whole global batch (not per micro-batch, as in the authors' code), plus,
-where `model.lambda_word_start` > 0, lambda_word_start L_word_start: the cross-entropy of a linear probe
-on X_i against "byte i starts a word" (the `word_start` rule), per valid byte, whatever the strategy.
+losses (paper eq. 27), with the advantage baseline over the whole global batch (not per micro-batch, as in
+the authors' code), plus, where `model.lambda_word_start` > 0, lambda_word_start L_word_start: the
+cross-entropy of a linear probe on X_i against "byte i starts a word" (the `word_start` rule), per valid
+byte, whatever the strategy.
 
 The policy's advantage A_{b,i} = G_{b,i} - mean_{b'} G_{b',i} and the target loss's mean(p) are
 statistics of the whole global batch, and G depends on every micro-batch's forward pass. A step therefore
