@@ -46,6 +46,7 @@ from . import __version__
 from .boundaries import STRATEGIES
 from .config import ConfigError, RunConfig, from_dict, to_dict
 from .data.batch import BOS, EOS, PAD, VOCAB_SIZE
+from .data.loader import heldout_cuts_documents
 from .unet import ByteUNet
 from .train import checkpoint as ckpt_io
 
@@ -217,9 +218,9 @@ def model_card(meta: dict) -> str:
     if meta.get("data"):
         rows.append(("training data", str(meta["data"]["source"])))
     if isinstance(facts.get("val_bpb"), (int, float)) and math.isfinite(facts["val_bpb"]):
+        data = meta.get("data") or {}
         cut = (f"; each held-out document's first {meta['train']['seq_len']} bytes, as training cut them"
-               if (meta.get("data") or {}).get("mode") == "paper" and meta["data"].get("source") != "demo"
-               and meta.get("train") else "")  # (the demo corpus is one text, cut into windows)
+               if meta.get("train") and heldout_cuts_documents(data.get("source"), data.get("mode")) else "")
         rows.append(("held-out bits per byte", f"{facts['val_bpb']:.3f} (boundaries sampled{cut})"))
     if isinstance(facts.get("val_boundary_rate"), (int, float)):
         rows.append(("held-out boundary rate", f"{facts['val_boundary_rate']:.3f}"))

@@ -17,6 +17,7 @@ import torch
 
 from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
 from ..config import load_config
+from ..data.loader import heldout_cuts_documents
 from ..eval.benchmarks import ratio_and_se
 from .run import BpeReference, CompareSettings, RunResult, to_json
 
@@ -353,7 +354,7 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
     cfg = load_config(settings.config, settings.overrides)
     cut = (f" Each held-out sequence is a held-out document's first {cfg.train.seq_len} bytes, as training cuts "
            f"them; `learntok eval` scores whole documents, which can rank the strategies otherwise."
-           if cfg.data.mode == "paper" and cfg.data.source != "demo" else "")
+           if heldout_cuts_documents(cfg.data.source, cfg.data.mode) else "")
     held_out = (f"{first_ok.analysis.get('heldout_sequences')} held-out sequences "
                 f"({first_ok.analysis.get('heldout_bytes')} predicted bytes)") if first_ok else "held-out sequences"
     spread = (f"; ± is the standard deviation over the seeds a strategy finished, of {settings.seeds}."

@@ -303,6 +303,13 @@ def rank_config(cfg: RunConfig, world_size: int) -> RunConfig:
     return out
 
 
+def heldout_cuts_documents(source: str, mode: str) -> bool:
+    """Whether the trainer's held-out sequences are documents' starts (each held-out document's first seq_len
+    bytes: paper mode on a prepared dataset), so that its held-out bpb scores less of the text than `learntok
+    eval`, which scores whole documents. Packed windows and the demo corpus (one text, in windows) read it all."""
+    return mode == "paper" and source != "demo"
+
+
 def make_data(cfg: RunConfig, rank: int = 0, world_size: int = 1) -> DataSources:
     """This rank's data; `cfg` is the rank's (see `rank_config`)."""
     if cfg.data.source == "demo":  # windows of the demo corpus (with BPE boundaries for boundaries.name=bpe)
@@ -353,7 +360,7 @@ def open_prepared(cfg: Any, rank: int = 0, world_size: int = 1):
         f"{path} ({mode} mode): {train.num_sequences:,} training sequences of {t.seq_len} bytes from "
         f"{len(train.split):,} documents{skipped}; {sum(len(b.inputs) for b in val)} held-out sequences{track_info}"
         + (f" (each held-out document's first {t.seq_len} bytes, as training cuts them: its held-out bpb; "
-           f"`learntok eval` scores whole documents)" if mode == "paper" else "")
+           f"`learntok eval` scores whole documents)" if heldout_cuts_documents(cfg.data.source, mode) else "")
     )
     return DataSources(train, val, description, segmenter)
 

@@ -98,8 +98,8 @@ def keep_freed_memory() -> None:
     A CPU training step frees and allocates the same few-MB activations hundreds of times; by default blocks
     above 128 KiB come from mmap and the heap's free top is returned, so each came back as fresh pages,
     faulted in one by one (thousands of page faults a step on the demo's model). Allocation only: every
-    number computed is the same. Nothing happens off glibc, or where the user set malloc's own environment
-    variables (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), which then decide."""
+    number computed is the same. Nothing happens off glibc, or where the user set any of malloc's own
+    environment variables (MALLOC_*, such as MALLOC_MMAP_THRESHOLD_), which then decide."""
     import ctypes
     import os
 
