@@ -215,6 +215,10 @@ def test_a_chosen_benchmark_folder_must_hold_the_tasks(capsys, run_dir, eval_dir
     monkeypatch.setenv("LEARNTOK_EVAL_DIR", str(eval_dir))
     code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "arc_easy", "--no-progress")
     assert code == 2 and "holds no arc_easy file" in err
+    missing = Path(eval_dir) / "no-such-folder"
+    monkeypatch.setenv("LEARNTOK_EVAL_DIR", str(missing))  # mistyped: an error, not ../shared/data/eval
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--tasks", "piqa", "--no-progress")
+    assert code == 2 and f"$LEARNTOK_EVAL_DIR {missing} is not a folder" in err
 
 
 def test_quantile_mode(capsys, run_dir, text_file):

@@ -81,9 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def default_eval_dir() -> Path | None:
     """$LEARNTOK_EVAL_DIR, else ../shared/data/eval next to the working directory or to this checkout."""
     env = os.environ.get("LEARNTOK_EVAL_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [Path.cwd().parent / "shared" / "data" / "eval",
-                   Path(__file__).resolve().parents[3] / "shared" / "data" / "eval"]
+    if env:
+        if not Path(env).is_dir():  # a mistyped folder would otherwise score other files, or download them
+            raise CommandError(f"$LEARNTOK_EVAL_DIR {env} is not a folder")
+        return Path(env)
+    candidates = [Path.cwd().parent / "shared" / "data" / "eval",
+                  Path(__file__).resolve().parents[3] / "shared" / "data" / "eval"]
     return next((c for c in candidates if c.is_dir()), None)
 
 
