@@ -30,7 +30,7 @@ again). Evaluation always samples the policy.
 
 Beyond the paper, `group_until_bytes`: with `boundaries.group_size` K >= 2 and a group centering, each
 sequence gets K draws centred on each other for the first `group_until_bytes` training bytes only, then
-one draw centred on the batch mean, as in the paper. The policy commits within its first hundred or so
+one draw centred on the batch mean, as in the paper. The policy commits within its first fifty or so
 steps, and with the word-start probe the K draws make it find word starts more often (without the probe
 they did not find anything better; docs/results/credit_assignment/, sections 25-28); after that they would
 cost K times the token level and decoder for no such gain.
