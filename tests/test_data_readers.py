@@ -135,7 +135,7 @@ def test_folder_of_text_files_recursive_sorted(tmp_path):
     assert (stats.files, stats.empty) == (4, 1)
 
 
-def test_linked_folders_are_read_once_and_links_up_the_tree_do_not_loop(tmp_path):
+def test_linked_folders_and_files_are_read_once_and_links_up_the_tree_do_not_loop(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "a.txt").write_text("alpha")
     top = tmp_path / "top"
@@ -144,6 +144,7 @@ def test_linked_folders_are_read_once_and_links_up_the_tree_do_not_loop(tmp_path
     (top / "linked").symlink_to(tmp_path / "real")
     (top / "again").symlink_to(tmp_path / "real")  # a second link to the same folder
     (top / "up").symlink_to(top)  # a loop
+    (top / "c.txt").symlink_to(top / "b.txt")  # a linked file: one document, not two
     assert list(iter_documents(top)) == [b"beta", b"alpha"]  # b.txt, then again/a.txt only
 
 

@@ -118,8 +118,9 @@ def _has_known_suffix(name: str) -> bool:
 
 def _files_under(folder: Path) -> list[Path]:
     """All files below `folder`, sorted so that document order (and so the split) is stable; hidden files
-    and folders (`.git`, `.DS_Store`) are left out. Linked folders are read like the others, each folder
-    once, so that a link back up the tree does not loop."""
+    and folders (`.git`, `.DS_Store`) are left out. Links are read like the others, each folder and file
+    once, so that a link back up the tree does not loop and a linked file is not two documents (which could
+    fall on both sides of the held-out split)."""
     found, seen = [], {os.path.realpath(folder)}
     for root, dirs, files in os.walk(folder, followlinks=True):
         kept = []
@@ -129,7 +130,11 @@ def _files_under(folder: Path) -> list[Path]:
                 seen.add(real)
                 kept.append(d)
         dirs[:] = kept
-        found.extend(Path(root) / f for f in sorted(files) if not f.startswith("."))
+        for f in sorted(files):
+            real = os.path.realpath(os.path.join(root, f))
+            if not f.startswith(".") and real not in seen:
+                seen.add(real)
+                found.append(Path(root) / f)
     return found
 
 
