@@ -56,7 +56,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch.utils.checkpoint import checkpoint
+
+if int(transformers.__version__.split(".")[0]) < 5:  # 4.x fails below with a TypeError naming no version
+    raise ImportError(f"learntok.hf needs transformers 5 or newer (found {transformers.__version__}): "
+                      f"pip install -U 'learntok[hf]'")
+
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GenerationMixin,
                           PretrainedConfig, PreTrainedModel, PreTrainedTokenizer)
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast
@@ -139,6 +145,8 @@ class LearntokCache:
         self.max_length = max_length  # columns of input_ids generation will reach, when known
         self.rows: CachedRows | None = None
         self.seen = 0
+        self.prompts: list[torch.Tensor] = []  # each row's prefilled bytes, BOS first
+        self.fed: list[torch.Tensor] = []  # (B,) per byte fed after the prompts: to re-prefill a larger cache
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen
@@ -221,6 +229,14 @@ class LearntokPreTrainedModel(PreTrainedModel):
             model.to(device_map)
         return model.eval()
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Also a model.safetensors' state dict, which holds the U-Net's own names (no ``unet.`` prefix): what
+        ``Trainer`` reads back from its checkpoints (``resume_from_checkpoint``, ``load_best_model_at_end``)."""
+        prefix = self.base_model_prefix + "."
+        if state_dict and not any(k.startswith(prefix) for k in state_dict):
+            state_dict = {prefix + k: v for k, v in state_dict.items()}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     def save_pretrained(self, save_directory: str | Path, *args, **kwargs) -> None:
         """Write the directory with `learntok.save_pretrained` (extra arguments of transformers' own
         save_pretrained, such as ``safe_serialization``, have nothing to change)."""
@@ -261,7 +277,7 @@ class LearntokPreTrainedModel(PreTrainedModel):
         inputs = torch.full((B, length), PAD, dtype=torch.long, device=input_ids.device)
         inputs[:, 0] = BOS
         rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
-        inputs[rows[mask], position[mask]] = input_ids[mask]
+        inputs[rows[mask], position[mask]] = input_ids[mask].long()  # int32 ids too (numpy, ONNX exports)
         with self._byte_states(hidden_states) as states:
             out = self.unet(inputs, uniforms=self._uniforms(B, length))
         given = lambda t: t.gather(1, position[..., None].expand(B, T, t.shape[-1])) * mask[..., None]  # noqa: E731
@@ -384,6 +400,7 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
             new = cache.max_length - input_ids.shape[1] if cache.max_length else self.config.max_position_embeddings
             uniforms = boundary_uniforms(self.config.boundary_seed, max(len(r) for r in rows) + new)
             cache.rows = CachedRows(self.unet, rows, new, uniforms.to(input_ids.device))
+            cache.prompts = rows
             last = cache.rows.logits[:, None].clone()  # (B, 1, V)
             if logits_to_keep != 1 and input_ids.shape[1] > 1:  # the prompts' own logits too: a full forward
                 logits = self._full_forward(input_ids, attention_mask)[0][:, -logits_to_keep:]
@@ -392,12 +409,27 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
         else:
             n, steps = input_ids.shape[1], []
             for column in range(n):
+                self._make_room(cache)
                 logits = cache.rows.append(input_ids[:, column])
+                cache.fed.append(input_ids[:, column])
                 if logits_to_keep == 0 or column >= n - logits_to_keep:
                     steps.append(logits.clone())
             last = torch.stack(steps, 1)
         cache.seen += input_ids.shape[1]
         return last
+
+    def _make_room(self, cache: LearntokCache) -> None:
+        """A cache full (a hand-written loop past the room it was made with, or a later `generate` from a
+        returned cache) is prefilled again, larger, from every row's bytes so far: the position-indexed
+        draws give the same boundaries (a length-dependent strategy, `uniform`, spreads its pattern anew)."""
+        inner = cache.rows.cache
+        if inner.position < inner.max_len:
+            return
+        fed = torch.stack(cache.fed, 1)
+        rows = [torch.cat([prompt, fed[b]]) for b, prompt in enumerate(cache.prompts)]
+        new = max(max(len(r) for r in rows), self.config.max_position_embeddings)  # doubling: amortised O(1)
+        uniforms = boundary_uniforms(self.config.boundary_seed, max(len(r) for r in rows) + new)
+        cache.rows = CachedRows(self.unet, rows, new, uniforms.to(fed.device))
 
     # --- generate's hooks ------------------------------------------------------------------------
 

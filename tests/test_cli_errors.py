@@ -122,3 +122,13 @@ def test_compare_errors_go_to_stderr(tmp_path, capsys, args, message):
     assert main(["compare", "--flops", "1e9", "--out", str(tmp_path / "report"), *args]) == 2
     assert one_error_line(capsys, "compare").startswith(message)
     assert not (tmp_path / "report").exists()
+
+
+def test_python_m_learntok_is_the_command():
+    """`python -m learntok` runs the `learntok` command (where pip put its script off PATH): its exit
+    status and its messages."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "learntok", "train"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "learntok train: error: give --config FILE" in done.stderr, done.stderr

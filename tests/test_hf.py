@@ -171,6 +171,62 @@ def test_a_hand_written_cache_loop_feeds_the_new_bytes_only(saved):
         assert model(ids[:, 15:16], **{learntok.hf.CACHE: cache}, logits_to_keep=1).logits.shape == (1, 1, 259)
 
 
+
+@pytest.fixture(scope="module", params=["learned", "whitespace"])
+def saved_short(request, tmp_path_factory) -> tuple[ByteUNet, Path]:
+    """Saved with its run's config: max_position_embeddings is 63 (train.seq_len 64 less BOS)."""
+    unet = tiny_unet(request.param)
+    directory = tmp_path_factory.mktemp(f"hf_short_{request.param}")
+    learntok.save_pretrained(unet, directory, config=tiny_config(name=request.param))
+    return unet, directory
+
+
+def test_a_hand_written_cache_loop_runs_past_the_trained_length(saved_short):
+    """`model(ids, use_cache=True)`, then one byte per call for more than max_position_embeddings bytes
+    (generate goes past the trained length too): the cache is made again, larger, and the bytes are
+    generate's, where it ran out of room (IndexError) before."""
+    _, directory = saved_short
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([list(TEXTS[0].encode())])
+    n = model.config.max_position_embeddings + 20
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        cache, new = out[learntok.hf.CACHE], []
+        for _ in range(n):
+            byte = out.logits[:, -1].argmax(-1, keepdim=True)
+            new.append(byte)
+            out = model(byte, **{learntok.hf.CACHE: cache})
+        reference = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None)
+    assert torch.equal(torch.cat(new, 1), reference[:, ids.shape[1]:])
+
+
+def test_generate_continues_from_the_cache_it_returned(saved_short):
+    """generate(..., return_dict_in_generate=True) hands back its cache, sized for that call; a second
+    generate from it (chunked or multi-turn decoding) goes on past the first call's max_new_tokens and
+    gives the bytes of one long call."""
+    _, directory = saved_short
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    batch = tokenizer(TEXTS[:2], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        first = model.generate(**batch, max_new_tokens=5, do_sample=False, eos_token_id=None,
+                               return_dict_in_generate=True)
+        cache = first[learntok.hf.CACHE] if learntok.hf.CACHE in first else first.past_key_values
+        mask = torch.cat([batch["attention_mask"], torch.ones(2, 5, dtype=torch.long)], 1)
+        second = model.generate(input_ids=first.sequences, attention_mask=mask, **{learntok.hf.CACHE: cache},
+                                max_new_tokens=30, do_sample=False, eos_token_id=None)
+        whole = model.generate(**batch, max_new_tokens=35, do_sample=False, eos_token_id=None)
+    assert torch.equal(second, whole)
+
+
+def test_int32_input_ids_give_the_same_logits(saved):
+    """Embedding layers take int32 ids (numpy arrays, ONNX exports), and so does generate."""
+    _, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([list(TEXTS[0].encode())])
+    with torch.no_grad():
+        assert torch.equal(model(ids.int()).logits, model(ids).logits)
+
 def test_rows_of_the_published_length_keep_each_rows_boundaries(saved):
     """max_position_embeddings is the bytes a row holds beside the BOS the model adds: a row that long in the
     batch leaves a short row's logits as they are alone (uniform's pattern is the trained length's)."""
@@ -276,6 +332,36 @@ def test_trainer_fine_tunes_with_gradient_checkpointing(tmp_path):
     assert model.gradient_checkpointing
     assert not torch.equal(before, model.unet.decoder.blocks[0].mlp.down.weight)
 
+
+
+def test_trainer_resumes_from_its_checkpoint_with_the_fine_tuned_weights(tmp_path):
+    """Trainer's resume_from_checkpoint (and load_best_model_at_end) reads the checkpoint's model.safetensors
+    with `model.load_state_dict(state_dict, False)`; the file holds the U-Net's own names, without the
+    `unet.` prefix, and nothing was loaded (one logged warning): training went on from the base weights."""
+    pytest.importorskip("accelerate", minversion="1.1.0")
+    from transformers import Trainer, TrainingArguments
+
+    learntok.save_pretrained(tiny_unet(), tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
+    rows = [dict(input_ids=ids, labels=ids) for ids in tokenizer([TEXTS[2]] * 4)["input_ids"]]
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-2,
+                             use_cpu=True, report_to=[], save_strategy="steps", save_steps=2)
+    tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    Trainer(model=tuned, args=args, train_dataset=rows).train()
+    fresh = AutoModelForCausalLM.from_pretrained(tmp_path / "model")  # the base weights, as a resumed job starts
+    Trainer(model=fresh, args=args, train_dataset=rows).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    for name, value in tuned.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+
+
+def test_transformers_4_is_refused_with_the_version_it_needs():
+    """With transformers 4, importing learntok.hf (directly, or through trust_remote_code's learntok_hf.py)
+    failed with `TypeError: AutoTokenizer.register() got an unexpected keyword argument`; it says which
+    transformers it needs."""
+    code = ("import transformers; transformers.__version__ = '4.57.1'\n"
+            "try:\n    import learntok.hf\nexcept ImportError as e:\n    print('ImportError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "ImportError: learntok.hf needs transformers 5 or newer (found 4.57.1)" in out.stdout, out.stderr[-2000:]
 
 def test_lora_trains_saves_and_merges(tmp_path):
     """PEFT's LoRA on every linear layer: a step trains the adapters only, generate runs through the wrapper,
