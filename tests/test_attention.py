@@ -252,3 +252,30 @@ def test_flex_attention_compiled_by_inductor_in_a_stack_equals_eager():
     attention layer hands it a tensor."""
     compiled_flex_stack_against_eager(8, "inductor", (64, 80))
     compiled_flex_stack_against_eager(8, "inductor", (64, 80), dynamic=True)
+
+
+def test_rope_rotates_each_pair_by_its_position_times_its_frequency():
+    """RoPE on a worked example: pair i = (x_i, x_{i + hd/2}) at position p turns by the angle
+    p * theta^(-2i/hd), so that a query-key score depends on the positions only through their difference."""
+    import math
+    from learntok.model.layers import apply_rope, rope_cos_sin
+    hd, theta = 4, 100.0
+    positions = torch.tensor([[0, 1, 5, 300]])
+    x = torch.randn(1, 1, 4, hd, generator=torch.Generator().manual_seed(0))
+    got = apply_rope(x, *rope_cos_sin(positions, hd, theta))
+    for t, p in enumerate(positions[0].tolist()):
+        for i in range(hd // 2):
+            angle = p * theta ** (-2 * i / hd)
+            a, b = float(x[0, 0, t, i]), float(x[0, 0, t, i + hd // 2])
+            assert math.isclose(float(got[0, 0, t, i]), a * math.cos(angle) - b * math.sin(angle), abs_tol=1e-5)
+            second = float(got[0, 0, t, i + hd // 2])
+            assert math.isclose(second, a * math.sin(angle) + b * math.cos(angle), abs_tol=1e-5)
+    # relative positions: the same q and k at positions (7, 3) and (107, 103) score alike
+    q, k = torch.randn(2, 1, 1, 1, 16, generator=torch.Generator().manual_seed(1))
+
+    def score(pq, pk):
+        cq, sq = rope_cos_sin(torch.tensor([[pq]]), 16, 10000.0)
+        ck, sk = rope_cos_sin(torch.tensor([[pk]]), 16, 10000.0)
+        return float((apply_rope(q, cq, sq) * apply_rope(k, ck, sk)).sum())
+    assert math.isclose(score(7, 3), score(107, 103), rel_tol=1e-4, abs_tol=1e-5)
+    assert not math.isclose(score(7, 3), score(3, 7), rel_tol=1e-3)

@@ -217,3 +217,30 @@ def test_policy_losses_leave_the_encoder_alone_when_told():
     assert torch.equal(alone, lm_only)
     assert policy.abs().max() > 0
     assert not torch.allclose(moved, lm_only, atol=1e-6)
+
+
+def test_only_the_chosen_rows_train_the_policy_with_rewards_scaled_by_one_over_the_share():
+    """With `draw_share` s, a row with a second draw has rewards (r_t - r'_t) / s, the others none, and the
+    policy loss is -sum_i log pi(a_i) G_i over the deciding positions of every row, divided by their count:
+    so the policy loss keeps its size whatever s (a worked example against a float64 loop)."""
+    from learntok.boundaries import build_strategy
+    from learntok.boundaries.learned import PolicyBoundaries
+    gamma, share = 0.5, 0.5
+    cfg = tiny_config(learned={"gamma": gamma, "batch_centering": "draw", "draw_share": share})
+    policy = build_strategy(cfg.boundaries, 8)
+    logp = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.25, -1.5, -2.0, -0.75]])
+    logp_baseline = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-1.25, -0.5, -2.5, -0.25]])  # row 0: no second draw
+    weight = torch.tensor([0.0, 1.0])
+    ones = torch.ones(2, 4, dtype=torch.bool)
+    forced = torch.zeros(2, 4, dtype=torch.bool)
+    forced[:, 0] = True
+    log_prob = torch.tensor([[0.0, -0.3, -1.2, -0.7], [0.0, -0.9, -0.4, -2.0]], requires_grad=True)
+    bnd = PolicyBoundaries(a=forced, probs=torch.full((2, 4), 0.2), logits=torch.zeros(2, 4), log_prob=log_prob)
+    inp = LossInputs(logp, torch.zeros(2, 4), ones, forced, ones, logp_baseline=logp_baseline, baseline_weight=weight)
+    got = float(policy.losses(bnd, inp)["policy"][1].detach())
+    r = (logp - logp_baseline).double() * weight[:, None] / share
+    expected = 0.0
+    for b in range(2):
+        for i in range(1, 4):  # position 0 is forced
+            expected -= float(log_prob[b, i].detach()) * sum(gamma ** (t - i) * float(r[b, t]) for t in range(i, 4))
+    assert abs(got - expected / 6) < 1e-5 * abs(expected / 6)
