@@ -258,6 +258,8 @@ class ByteUNet(nn.Module):
         P = cache.position
         if cache.lag is not None:
             raise ValueError("extend continues rows that are at one position; these rows' positions differ")
+        if n == 0:
+            raise ValueError("extend needs at least one byte per row")
         if P == 0 or P + n > cache.max_len:
             raise ValueError(f"extend needs a prefilled cache with room for {n} more positions "
                              f"(has {cache.position} of {cache.max_len})")

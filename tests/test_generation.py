@@ -120,6 +120,8 @@ def test_prefill_then_steps_or_extend_match_forward_per_row(name, extra, trainin
         if continued_by == "extend":
             for lo, hi in ((P, P + 1), (P + 1, P + 4), (P + 4, T - 1)):
                 outs.append(model.extend(x[:, lo:hi], cache, uniforms=u[:, lo:hi]))
+            with pytest.raises(ValueError, match="at least one byte"):
+                model.extend(x[:, :0], cache)
             stepped_from = T - 1
         outs += [model.step(x[:, j], cache, uniforms=u[:, j]) for j in range(stepped_from, T)]
     logits = torch.cat([o.logits for o in outs], dim=1)
