@@ -497,6 +497,9 @@ class LearntokTokenizer(_SavesLearntokCode, PreTrainedTokenizer):
         return ord(token)
 
     def _convert_id_to_token(self, index: int) -> str:
+        if not 0 <= index < 256:  # (the special tokens' ids never reach here)
+            hint = " (-100 marks the positions a loss ignores: leave them out)" if index == -100 else ""
+            raise ValueError(f"learntok: id {index} is neither a byte (0-255) nor a special token{hint}")
         return chr(index)
 
     def _encode_plus(self, *args, return_offsets_mapping: bool = False, **kwargs):

@@ -520,7 +520,11 @@ def test_tokenizer_is_bytes():
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (BOS, EOS, PAD)
     padded = tokenizer(["a", "abc"], padding=True)
     assert padded["input_ids"][0] == [PAD, PAD, ord("a")] and padded["attention_mask"][0] == [0, 0, 1]
-
+    # an id of no token is an error, not chr(id): a labels row's -100 says what it is
+    with pytest.raises(ValueError, match="id 300 is neither a byte"):
+        tokenizer.decode([104, 300])
+    with pytest.raises(ValueError, match="-100 marks the positions a loss ignores"):
+        tokenizer.decode([-100, 104])
 
 
 def test_tokenizer_converts_whole_texts_as_it_converts_token_by_token():
