@@ -242,6 +242,23 @@ def test_quantile_mode_calibrates_on_the_runs_training_text(capsys, run_dir, tex
     assert json.loads(out)["meta"]["checkpoints"]["tiny"]["calibration"]["source"] == "demo corpus training stream"
 
 
+def test_a_checkpoint_trained_on_other_data_is_told_its_heldout_text_is_not_its_own(capsys, run_dir, tmp_path):
+    """Without --data every checkpoint is scored on the first one's held-out text (the demo corpus here):
+    for one that trained on other data that may be training text, and the notes say so."""
+    other = tiny_config()
+    other.data.source = str(tmp_path / "gone")  # a prepared folder no longer here
+    save_checkpoint(tmp_path / "other", 3, ByteUNet(other.model, other.boundaries), None, {"config": to_dict(other)})
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--checkpoint", tmp_path / "other", "--max-bytes", 600,
+                             "--json", "--no-progress")
+    assert code == 0, err
+    checkpoints = json.loads(out)["meta"]["checkpoints"]
+    assert "trained_on" not in checkpoints["tiny"] and checkpoints["other"]["trained_on"] == str(tmp_path / "gone")
+    code, out, err = run_cli(capsys, "--checkpoint", run_dir, "--checkpoint", tmp_path / "other", "--max-bytes", 600,
+                             "--no-progress")
+    assert f"other trained on {tmp_path / 'gone'}, so its held-out text is not its own" in out
+    assert "tiny trained on" not in out
+
+
 def test_errors(capsys, run_dir, tmp_path):
     code, _, err = run_cli(capsys, "--checkpoint", tmp_path / "missing", "--data", "x")
     assert code == 2 and "missing" in err

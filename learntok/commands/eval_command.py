@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("held-out text")
     g.add_argument("--data", metavar="SOURCE",
                    help="'demo' (the demo corpus' held-out text), a prepared directory (its val split), or a "
-                        "text / JSONL / Parquet file or folder. Default when no --tasks: the run's own held-out data")
+                        "text / JSONL / Parquet file or folder. Default when no --tasks: the first run's own held-out data, "
+                        "for every checkpoint")
     g.add_argument("--field", default="text", help="JSONL/Parquet field holding the text (default: text)")
     g.add_argument("--max-docs", type=int, help="score only the first N held-out documents (a quick look: the first "
                                                 "documents of a source need not be like the rest; a one-text source, "
@@ -214,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
                  f"on {scorer.calibration['bytes']:,} bytes of {what}")
         n_params = sum(p.numel() for p in scorer.model.parameters())
         meta["checkpoints"][name] = {"path": str(ckpt), "parameters": n_params, **scorer.describe()}
+        if want_heldout and not args.data and not _same_source(own_heldout, heldout_source):
+            # the first checkpoint's held-out text scores them all: for this one it may be training text
+            meta["checkpoints"][name]["trained_on"] = cfg.data.source if cfg else None
         _say(f"{name}: {n_params / 1e6:.2f}M parameters, {scorer.mode_label()}, rows of at most {scorer.max_len} bytes")
 
         results = {}
@@ -282,6 +286,10 @@ def _notes(meta: dict, args) -> list[str]:
                            + _calibration_miss(c.get("calibration")),
                "deterministic": f"{c['strategy']} boundaries (deterministic)"}[c["boundary_mode"]]
         notes.append(f"{name}: {c['parameters'] / 1e6:.2f}M parameters, {how}, rows of at most {c['max_len']} bytes")
+        if "trained_on" in c:
+            trained = f"trained on {c['trained_on']}" if c["trained_on"] else "does not say what it trained on"
+            notes.append(f"{name} {trained}, so its held-out text is not its own and may be text it trained on "
+                         f"(--data scores every checkpoint on one text you choose)")
     if meta["tasks"]:
         folders = {str(Path(s).parent) if s else "the Hugging Face hub" for s in meta["sources"].values()}
         where = folders.pop() if len(folders) == 1 else ", ".join(
@@ -296,6 +304,13 @@ def _notes(meta: dict, args) -> list[str]:
         notes.append(f"held-out text: {h['source']} ({count}, {h['bytes']:,} bytes), "
                      f"pooled bits-per-byte{one_text}")
     return notes
+
+
+def _same_source(a: str | None, b: str | None) -> bool:
+    """Whether two runs' held-out sources (`run_heldout_source`: "demo", a prepared folder or None) are one."""
+    if a is None or b is None or "demo" in (a, b):
+        return a == b
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def _calibration_miss(calibration: dict | None) -> str:
