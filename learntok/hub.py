@@ -224,6 +224,7 @@ def model_card(meta: dict) -> str:
         rows.append(("held-out bits per byte", f"{facts['val_bpb']:.3f} (boundaries sampled{cut})"))
     if isinstance(facts.get("val_boundary_rate"), (int, float)):
         rows.append(("held-out boundary rate", f"{facts['val_boundary_rate']:.3f}"))
+    rows = [(k, v.replace("|", "\\|")) for k, v in rows]  # a bare | would split the table cell
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     config = {k: meta[k] for k in _CONFIG_SECTIONS if k in meta}
     return f"""---

@@ -39,8 +39,10 @@ def _table(section: str, cls: type) -> list[str]:
             above, last = [], None
     lines = [f"### `{section}`: {inspect.getdoc(cls).splitlines()[0]}", "", "| key | default | meaning |", "|---|---|---|"]
     for name, (default, comment) in rows.items():
-        meaning = " ".join(comment).replace("|", "\\|")  # a bare | would split the table cell
-        lines.append(f"| `{section}.{name}` | `{default}` | {meaning} |")
+        meaning = " ".join(comment).replace("|", "\\|")  # a bare | would split the table cell (code spans too)
+        fence = "`` " if "`" in default else "`"  # a code span holding a backtick needs a longer fence
+        shown = default.replace("|", "\\|")
+        lines.append(f"| `{section}.{name}` | {fence}{shown}{fence[::-1]} | {meaning} |")
     return lines + [""]
 
 

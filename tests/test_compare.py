@@ -428,3 +428,14 @@ def test_a_finished_run_asked_for_other_draws_is_evaluated_again_not_trained_aga
                                           r"checkpoint \(step \d+\) to evaluate it again"):
         compare(eval_samples=3, paragraph=None, strategies=("uniform", "random"))
     assert not (out / "runs" / "uniform-seed0").exists()  # said before any run trained
+
+
+def test_every_strategy_has_its_own_colour_in_the_plots():
+    """One colour per registered strategy, none shared, and the paper's figure 3's: ours green, uniform blue,
+    the straight-through methods orange and pink."""
+    from learntok.boundaries import STRATEGIES
+    from learntok.compare.report import COLOURS
+
+    assert set(COLOURS) == set(STRATEGIES) and len(set(COLOURS.values())) == len(STRATEGIES)
+    assert (COLOURS["learned"], COLOURS["uniform"]) == ("#2ca02c", "#1f77b4")
+    assert (COLOURS["dynamic_pooling"], COLOURS["hnet"]) == ("#ff7f0e", "#e377c2")

@@ -41,6 +41,21 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
                 "bytes_per_s", "flops", "val_bpb"):
         assert key in rows[-1], key
     assert list(run_dir.glob("step_*/model.safetensors"))
+    assert "boundaries sampled, mean of 3 seeds" in out
+
+
+def test_demo_of_a_fixed_rule_evaluates_it_once(tmp_path, capsys, monkeypatch):
+    """A rule gives every draw the same boundaries: one evaluation, said as the rule's, not "sampled"."""
+    from learntok.eval import sequences
+
+    draws = []
+    evaluate = sequences.evaluate
+    monkeypatch.setattr(sequences, "evaluate", lambda *a, samples, **k: draws.append(samples) or evaluate(
+        *a, samples=samples, **k))
+    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", *TINY, "boundaries.name=whitespace"]) == 0
+    out = capsys.readouterr().out
+    assert draws == [1] and "bytes, whitespace boundaries)" in out and "sampled" not in out
+    assert "\ntokens of held-out text" in out
 
 
 def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys, monkeypatch):

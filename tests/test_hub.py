@@ -79,6 +79,8 @@ def test_training_run_directory(tmp_path):
     assert f"| held-out bits per byte | 2.500 (boundaries sampled; {cut}) |" in model_card(meta)
     meta["data"]["mode"] = "packed"
     assert "| held-out bits per byte | 2.500 (boundaries sampled) |" in model_card(meta)
+    meta["data"]["source"] = "data/a|b"  # a bar in a value is escaped: it would split the table's cell
+    assert "| training data | data/a\\|b |" in model_card(meta)
     again = from_pretrained(tmp_path / "hf")
     assert again.info.run_known and again.info.config.train.seq_len == 64
     assert torch.equal(logits(model), logits(again))

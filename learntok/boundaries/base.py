@@ -3,13 +3,14 @@
 A strategy is an `nn.Module` that, given the encoder output, returns `Boundaries` (hard decisions plus
 whatever it needs for its loss), and may override how bytes are pooled into tokens and how tokens are
 distributed back to bytes. What the rest of learntok uses, and nothing else, so that adding a strategy
-is one new module and a line in the registry (`boundaries/__init__.py`):
+is one new module and its entry in the registry (`boundaries/__init__.py`; a fixed rule can subclass
+`whitespace.Whitespace` and give its own `rule`):
   training     `forward`, `pool`, `unpool`, `losses` (with `batch_stats` when they need the whole batch),
                `update` (running state), `set_progress` (where the run is) and `metrics`
   generation   `allocate_inference_cache`, `step`, `pool_step`, `unpool_step`
   files        `save_files`, `load_files`, `keep_segmenter`; accounting `n_matrix_params`
   capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `user_supplied`, `can_segment`,
-               `describe`
+               `describe`; `supplied_track` where the boundaries come with the data (`supplied.py`)
   options      `options_class`: a dataclass of the strategy's own options, the config section
                `boundaries.<name>` (subclass `StrategyOptions` in the strategy's module); the strategy
                reads them typed as `self.options`

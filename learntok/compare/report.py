@@ -22,9 +22,11 @@ from ..eval.benchmarks import ratio_and_se
 from .run import BpeReference, CompareSettings, RunResult, to_json
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
-# uniform blue, the straight-through methods orange and pink)
-PALETTE = ("#2ca02c", "#1f77b4", "#7f7f7f", "#9467bd", "#8c564b", "#d62728", "#17becf", "#ff7f0e", "#e377c2")
-COLOURS = dict(zip(STRATEGIES, PALETTE))
+# uniform blue, the straight-through methods dynamic_pooling and hnet orange and pink); a strategy added
+# after the tenth takes the colours again from the start
+PALETTE = ("#2ca02c", "#1f77b4", "#7f7f7f", "#9467bd", "#8c564b", "#d62728", "#17becf", "#bcbd22", "#ff7f0e",
+           "#e377c2")
+COLOURS = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(STRATEGIES)}
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -229,7 +231,7 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
             continue
         first = r.strategy not in seen
         seen.add(r.strategy)
-        colour = COLOURS.get(r.strategy, "#bcbd22")
+        colour = COLOURS.get(r.strategy, "black")  # (a results.json of a strategy no longer registered)
         xs, ys = zip(*r.curve)
         ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6 if r.strategy == PAPER_POLICY else 1.1, color=colour,
                 label=f"{r.strategy} ({sum(final_bpb[r.strategy]) / len(final_bpb[r.strategy]):.3f})" if first else None)
