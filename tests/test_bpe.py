@@ -116,6 +116,29 @@ def test_fit_reaches_a_reachable_rate_and_reports_an_unreachable_one():
     assert not fit.reached and fit.rate > 0.02
 
 
+def test_fit_keeps_the_number_of_merges_whose_rate_is_closest_to_the_target(monkeypatch):
+    import learntok.data.bpe as bpe
+
+    rates = [0.5, 0.4, 0.3, 0.22, 0.15, 0.1]  # tokens per byte after the first k merges: falls with k
+
+    class Truncated:
+        def __init__(self, k):
+            self.k, self.vocab_size = k, 256 + k
+
+        def rate(self, docs):
+            return rates[self.k]
+
+    monkeypatch.setattr(bpe, "train_bpe", lambda docs, vocab_size, min_frequency: None)
+    monkeypatch.setattr(bpe, "_merges", lambda segmenter: [("a", "b")] * (len(rates) - 1))
+    monkeypatch.setattr(bpe, "truncate_merges", lambda merges, k: Truncated(k))
+    fit = lambda target: bpe.fit_bpe([b"some text"], target)[1]
+    # 0.2: the fewest merges at or below it are 4 (0.15), but 3 merges (0.22) come closer
+    assert (fit(0.2).merges, fit(0.2).rate, fit(0.2).vocab_size) == (3, 0.22, 259)
+    assert fit(0.17).merges == 4  # 0.15 is closer than 0.22
+    assert fit(0.3).merges == 2 and fit(0.3).reached  # met exactly
+    assert (fit(0.05).merges, fit(0.05).reached) == (5, False)  # out of reach: every merge, and says so
+
+
 def test_prepare_writes_a_bpe_track_the_loader_aligns(tmp_path):
     docs = corpus()
     src = tmp_path / "docs.jsonl.gz"

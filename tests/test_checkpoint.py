@@ -243,6 +243,21 @@ def test_a_state_without_what_training_continues_from_says_so(run, field):
         tiny_trainer(run.run_dir, resume=True)
 
 
+def test_resuming_restores_the_random_states_the_data_position_and_the_flops_not_yet_counted(run):
+    """Written by several ranks, a checkpoint holds the tokens and second draws' FLOPs that were not yet summed
+    into `flops`; one process resuming it counts them at once (6 FLOPs per token-level matrix parameter per token)."""
+    ckpt = ckpt_io.latest_checkpoint(run.run_dir)
+    elsewhere = ckpt_io.rng_to_json(torch.Generator().manual_seed(777))  # not the state the model's build leaves
+    edit_state(ckpt, lambda s: s.update(pending_tokens=100, pending_second_draw_flops=7, torch_rng=elsewhere))
+    state = ckpt_io.read_state(ckpt)
+    resumed = tiny_trainer(run.run_dir, resume=True)
+    assert ckpt_io.rng_to_json(resumed.sample_rng) == state["sample_rng"]
+    assert ckpt_io.rng_to_json(torch.default_generator) == state["torch_rng"]
+    assert resumed.data.train.state_dict() == state["data"] != {}
+    assert (resumed.step, resumed.bytes_seen) == (4, state["bytes_seen"])
+    assert resumed.flops == state["flops"] + 6 * resumed.model.matrix_params()["token"] * 100 + 7
+
+
 def test_a_damaged_random_state_names_its_checkpoint(run):
     ckpt = ckpt_io.latest_checkpoint(run.run_dir)
     edit_state(ckpt, lambda s: s.update(torch_rng="not base64!"))

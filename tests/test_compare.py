@@ -207,6 +207,21 @@ def test_claims_follow_their_stated_rules():
     assert verdicts["structure"] == "not above blind placement" and verdicts["bpb vs whitespace"] == "behind"
 
 
+def test_a_difference_between_one_and_two_standard_errors_is_within_noise():
+    from learntok.compare import RunResult
+    from learntok.compare.report import claims
+
+    def run(strategy, seed, bpb):
+        return RunResult(strategy, seed, "ok", bpb=bpb, flops=1e9, bytes=1e5,
+                         analysis={"summary": {"whitespace_precision": 0.5}})
+
+    # 2.1 - 2.3 = -0.2; standard error sqrt(0.02 / 2 + 0.02 / 2) = 0.141: beyond one, short of two (0.283)
+    runs = [run("learned", 0, 2.0), run("learned", 1, 2.2), run("random", 0, 2.2), run("random", 1, 2.4),
+            run("uniform", 0, 2.3), run("uniform", 1, 2.5)]  # -0.3: beyond two
+    verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
+    assert verdicts["bpb vs random"] == "within noise" and verdicts["bpb vs uniform"] == "ahead"
+
+
 def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text():
     """A worked example: two seeds a side, three held-out sequences of 10, 20 and 10 bytes."""
     from learntok.compare import RunResult

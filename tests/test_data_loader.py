@@ -52,6 +52,16 @@ def test_paper_mode_worked_example(tmp_path):
     assert b.inputs.device.type == "cpu"
 
 
+def test_paper_mode_keeps_a_document_of_exactly_seq_len_bytes(tmp_path):
+    # "at least L bytes": a document of exactly L is one sequence, one of L - 1 is skipped
+    path = dataset(tmp_path, [b"abcd", b"xyz", b"0123"])
+    loader = ShardedBatches(path, seq_len=4, batch_size=2, mode="paper", shuffle=False)
+    assert loader.num_sequences == 2 and loader.dropped_short == 1
+    b = loader.next_batch()
+    assert b.inputs.tolist() == [[BOS, *b"abc"], [BOS, *b"012"]]
+    assert b.targets.tolist() == [list(b"abcd"), list(b"0123")]
+
+
 def test_paper_mode_needs_long_enough_documents(tmp_path):
     path = dataset(tmp_path, [b"short", b"tiny"])
     with pytest.raises(ValueError, match="no document has seq_len=8 bytes \\(the longest has 5\\).*packed"):
@@ -231,3 +241,29 @@ def test_open_prepared_for_the_trainer(tmp_path):
     # and how much of the training text it reads: 10 documents of 12 bytes, each cut to 8
     assert "0 documents shorter than 8 bytes skipped; 67% of the split's bytes (data.mode=packed reads them all)" \
         in description
+
+
+def test_each_rank_holds_every_heldout_sequence_of_one_process(tmp_path):
+    """A rank trains on its share of the global batch (batch_size / world_size rows) and holds the held-out
+    sequences one process holds: as many more held-out batches of its smaller size."""
+    from learntok.config import load_config
+    from learntok.data.loader import rank_config
+
+    out = tmp_path / "ds"
+    with DatasetWriter(out) as w:
+        for d in numbered_docs(10):
+            w.add("train", d)
+            w.add("val", d)
+        w.commit({"source": ["test"]})
+    cfg = load_config(None, {"data": {"source": str(out), "mode": "packed"},
+                             "train": {"seq_len": 8, "batch_size": 4, "eval_batches": 2}})
+    two = rank_config(cfg, 2)
+    assert (two.train.batch_size, two.train.eval_batches) == (2, 4)
+    assert (cfg.train.batch_size, cfg.train.eval_batches) == (4, 2)
+    assert rank_config(cfg, 1) is cfg
+    alone = torch.cat([b.inputs for b in open_prepared(cfg).val])
+    assert len(alone) == 8  # of the split's 17 windows
+    for r in range(2):
+        mine = open_prepared(two, rank=r, world_size=2)
+        assert [len(b.inputs) for b in mine.val] == [2, 2, 2, 2]
+        assert torch.equal(torch.cat([b.inputs for b in mine.val]), alone)

@@ -115,6 +115,35 @@ def test_documents_never_cross_shards(tmp_path):
     assert split.doc_lengths().tolist() == [len(d) for d in docs]
 
 
+def test_a_document_that_fills_its_shard_exactly_stays_in_it(tmp_path):
+    # a new shard starts only when the next document would overflow shard_bytes: 40 + 60 = 100 fits
+    with DatasetWriter(tmp_path / "out", shard_bytes=100) as w:
+        for n in (40, 60, 10, 100, 1):
+            w.add("train", b"x" * n)
+        w.commit({"source": ["test"]})
+    shards = PreparedDataset(tmp_path / "out").meta["splits"]["train"]["shards"]
+    assert [(s["documents"], s["bytes"]) for s in shards] == [(2, 100), (1, 10), (1, 100), (1, 1)]
+    assert open_split(tmp_path / "out").doc_lengths().tolist() == [40, 60, 10, 100, 1]
+
+
+def test_a_splits_sha256_covers_where_its_documents_end(tmp_path):
+    # SHA-256 of each document preceded by its length (8 bytes, little-endian): the same bytes cut into other
+    # documents are other sequences, and a checkpoint's data stream must not resume on them
+    import hashlib
+
+    def sha(name, docs):
+        with DatasetWriter(tmp_path / name) as w:
+            for d in docs:
+                w.add("train", d)
+            w.commit({"source": ["test"]})
+        return open_split(tmp_path / name).sha256
+
+    a, b = sha("a", [b"abcd", b"ef"]), sha("b", [b"abc", b"def"])
+    assert a == hashlib.sha256(b"\x04" + bytes(7) + b"abcd" + b"\x02" + bytes(7) + b"ef").hexdigest()
+    assert b == hashlib.sha256(b"\x03" + bytes(7) + b"abc" + b"\x03" + bytes(7) + b"def").hexdigest()
+    assert a != b
+
+
 def test_max_docs_and_empty_val(tmp_path):
     corpus = write_corpus(tmp_path / "c.jsonl.gz", [f"doc {i}" for i in range(50)])
     s = run([corpus], tmp_path / "out", max_docs=10, val_fraction=0.0)

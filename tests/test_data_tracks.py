@@ -61,6 +61,16 @@ def test_separator_and_shift_zero(tmp_path):
     assert np.flatnonzero(split.track("file").doc(0)).tolist() == [1, 4, 5]  # last bytes of "ab", "cde", "f"
 
 
+def test_separators_that_end_no_token_are_dropped():
+    from learntok.data.bpe import split_on_separator, token_ends_to_boundaries
+
+    # pieces "", "ab", "", "cde", "": a leading separator and a doubled one end an empty token
+    text, ends = split_on_separator(b"|ab||cde|", b"|")
+    assert text == b"abcde" and ends.tolist() == [2, 5]
+    # shifted by one: "ab" ends at byte 1, revealed at 2; nothing before byte 0 ended a token
+    assert np.flatnonzero(token_ends_to_boundaries(ends, len(text), 1)).tolist() == [2]
+
+
 def test_bad_boundary_records_name_the_line(tmp_path):
     (tmp_path / "seg.txt").write_text("not json lines")
     src = write_jsonl(tmp_path / "bad.jsonl", [{"text": "abc", "tokens_end": [2, 9]}])

@@ -381,6 +381,20 @@ def test_multiple_choice_worked_example():
     assert r1.n == 1 and r1.bpb == pytest.approx(1.5) and math.isnan(r1.bpb_se)
 
 
+def test_multiple_choice_with_several_boundary_draws_worked_example():
+    from learntok.eval.scorer import ModelScore
+
+    draws = {b" a": (2.0, 1.0), b" abcd": (4.0, 3.0)}  # NLL (nats) of each candidate under draws 0 and 1
+    scorer = lambda pairs: [ModelScore(sum(draws[c]) / 2, len(c), None, sample_nll=draws[c]) for _, c in pairs]
+    item = MultipleChoiceItem("1", "ctx", [" a", " abcd"], 1)
+    r = evaluate_multiple_choice([item], scorer, progress=False)
+    # per byte: draw 0 gives 1.0 against 0.8, the gold; draw 1 gives 0.5 against 0.6, not the gold (by summed
+    # NLL neither draw would pick it); the mean over draws, 0.75 against 0.7, picks it
+    assert r.acc == 1.0 and r.extra["acc_per_sample"] == [1.0, 0.0]
+    assert r.extra["bpb_per_sample"] == pytest.approx([0.8 / LN2, 0.6 / LN2])
+    assert r.extra["bpb_std_over_samples"] == pytest.approx(0.2 / LN2 / math.sqrt(2))  # sample std of two
+
+
 def test_score_pairs_restores_order_and_checks_scores():
     pairs = [(b"", b" a"), (b"long context here", b" b"), (b"x", b" ab")]
     out = score_pairs(pairs, UnigramScorer(), batch_size=2, progress=False)

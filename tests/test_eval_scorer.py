@@ -223,6 +223,26 @@ def test_long_document_is_the_sum_of_its_windows(model):
     assert res2.extra["se_unit"] == "document" and res2.n == 2
 
 
+def test_heldout_accounting_with_several_draws_worked_example():
+    from learntok.eval.scorer import ModelScore
+
+    ln2 = math.log(2)
+    draws = {b"abcd": (4.0, 2.0), b"ef": (2.0, 0.0)}  # NLL (nats) of each document under draws 0 and 1
+    scorer = lambda pairs: [ModelScore(sum(draws[c]) / 2, len(c), None, sample_nll=draws[c]) for _, c in pairs]
+    res = evaluate_heldout([b"abcd", b"", b"ef"], scorer, max_len=32, overlap=8, progress=False)
+    assert (res.n, res.extra["n_bytes"], res.extra["n_windows"], res.extra["se_unit"]) == (2, 6, 2, "document")
+    # pooled: (3 + 1) nats / 6 bytes; documents 3 nats / 4 bytes and 1 / 2
+    assert res.bpb == pytest.approx(4 / 6 / ln2)
+    assert res.item_bpb == pytest.approx([0.75 / ln2, 0.5 / ln2]) and res.item_bytes == [4.0, 2.0]
+    assert res.extra["mean_doc_bpb"] == pytest.approx(0.625 / ln2)
+    # ratio SE over documents: residuals 3 - 4 * 2/3 = 1/3 and 1 - 2 * 2/3 = -1/3 (nats);
+    # sqrt((1/9 + 1/9) / (2 * 1)) / (6 / 2) = 1/9
+    assert res.bpb_se == pytest.approx(1 / 9 / ln2)
+    # each draw pooled: 6 / 6 and 2 / 6; their sample standard deviation |1 - 1/3| / sqrt(2)
+    assert res.extra["bpb_per_sample"] == pytest.approx([1 / ln2, 1 / 3 / ln2])
+    assert res.extra["bpb_std_over_samples"] == pytest.approx(2 / 3 / ln2 / math.sqrt(2))
+
+
 # --- greedy match --------------------------------------------------------------------------------
 
 

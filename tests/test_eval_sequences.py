@@ -4,6 +4,8 @@ scores them."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from test_eval_scorer import tiny_model
@@ -66,3 +68,21 @@ def test_two_ranks_shares_of_each_sequence_add_up_to_one_process():
         assert [a + b for a, b in zip(shares[0][key], shares[1][key])] == pytest.approx(alone[key], rel=1e-9)
     # pieces of two rows dealt round-robin: rank 0 holds sequences 0-1, 4-5, 8-9
     assert [n > 0 for n in shares[0]["sequence_bytes"]] == [True, True, False, False] * 3
+
+
+def test_the_spread_over_draws_and_the_early_exit_bpb_from_single_passes():
+    model, batches = tiny_model(), held_out()
+    two = evaluate(model, batches, samples=2, max_rows=2)
+    a, b = (evaluate(model, batches, seed=seed, samples=1, max_rows=2)["bpb"] for seed in (1234, 1235))
+    assert a != b and two["bpb"] == pytest.approx((a + b) / 2, rel=1e-12)
+    assert two["bpb_std_over_samples"] == pytest.approx(abs(a - b) / 2 ** 0.5, rel=1e-9)  # sample std of two
+    # the early-exit head's bits per predicted byte, from the model's own early logits
+    bits, n = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            out = model(batch.inputs, generator=torch.Generator().manual_seed(0))
+            logp = torch.log_softmax(out.early_logits.double(), dim=-1)
+            targets = batch.targets.masked_fill(~batch.valid, 0)
+            bits -= float(logp.gather(-1, targets[..., None])[..., 0][batch.valid].sum()) / math.log(2)
+            n += int(batch.valid.sum())
+    assert two["early_bpb"] == pytest.approx(bits / n, rel=1e-5)
