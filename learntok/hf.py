@@ -425,7 +425,7 @@ class LearntokForCausalLM(LearntokPreTrainedModel, GenerationMixin):
         inner = cache.rows.cache
         if inner.position < inner.max_len:
             return
-        fed = torch.stack(cache.fed, 1)
+        fed = torch.stack(cache.fed, 1) if cache.fed else cache.prompts[0].new_zeros(len(cache.prompts), 0)
         rows = [torch.cat([prompt, fed[b]]) for b, prompt in enumerate(cache.prompts)]
         new = max(max(len(r) for r in rows), self.config.max_position_embeddings)  # doubling: amortised O(1)
         uniforms = boundary_uniforms(self.config.boundary_seed, max(len(r) for r in rows) + new)

@@ -52,7 +52,8 @@ def test_demo_of_a_fixed_rule_evaluates_it_once(tmp_path, capsys, monkeypatch):
     evaluate = sequences.evaluate
     monkeypatch.setattr(sequences, "evaluate", lambda *a, samples, **k: draws.append(samples) or evaluate(
         *a, samples=samples, **k))
-    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", *TINY, "boundaries.name=whitespace"]) == 0
+    rule = "boundaries.name=whitespace"
+    assert main(["demo", "--run-dir", str(tmp_path / "demo"), "--no-progress", *TINY, rule]) == 0
     out = capsys.readouterr().out
     assert draws == [1] and "bytes, whitespace boundaries)" in out and "sampled" not in out
     assert "\ntokens of held-out text" in out

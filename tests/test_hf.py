@@ -200,6 +200,23 @@ def test_a_hand_written_cache_loop_runs_past_the_trained_length(saved_short):
     assert torch.equal(torch.cat(new, 1), reference[:, ids.shape[1]:])
 
 
+def test_a_cache_made_with_no_room_past_its_prompt_grows_at_the_first_byte(saved_short):
+    """A cache sized for the prompt alone (max_length = the prompt's columns) is full before any byte follows
+    it: the first byte fed makes it again, larger, from the prompts alone, and the bytes are generate's."""
+    _, directory = saved_short
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([list(TEXTS[0].encode())])
+    with torch.no_grad():
+        cache = learntok.hf.LearntokCache(max_length=ids.shape[1])
+        out, new = model(ids, **{learntok.hf.CACHE: cache}), []
+        for _ in range(8):
+            byte = out.logits[:, -1].argmax(-1, keepdim=True)
+            new.append(byte)
+            out = model(byte, **{learntok.hf.CACHE: cache})
+        reference = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert torch.equal(torch.cat(new, 1), reference[:, ids.shape[1]:])
+
+
 def test_generate_continues_from_the_cache_it_returned(saved_short):
     """generate(..., return_dict_in_generate=True) hands back its cache, sized for that call; a second
     generate from it (chunked or multi-turn decoding) goes on past the first call's max_new_tokens and
@@ -349,7 +366,8 @@ def test_trainer_resumes_from_its_checkpoint_with_the_fine_tuned_weights(tmp_pat
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     Trainer(model=tuned, args=args, train_dataset=rows).train()
     fresh = AutoModelForCausalLM.from_pretrained(tmp_path / "model")  # the base weights, as a resumed job starts
-    Trainer(model=fresh, args=args, train_dataset=rows).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    resumed = Trainer(model=fresh, args=args, train_dataset=rows)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
     for name, value in tuned.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], value), name
 

@@ -29,7 +29,8 @@ def test_a_default_holding_a_bar_or_a_backtick_stays_in_its_cell():
     from learntok.reference import _table
 
     row = _table("demo", BarOptions)[-2]
-    assert re.split(r"(?<!\\)\|", row)[1:-1] == [" `demo.chars` ", ' `` " \\|`" `` ', " bytes that end a token \\| or not "]
+    cells = [" `demo.chars` ", ' `` " \\|`" `` ', " bytes that end a token \\| or not "]
+    assert re.split(r"(?<!\\)\|", row)[1:-1] == cells
 
 
 def test_every_registered_strategy_is_documented():

@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("held-out text")
     g.add_argument("--data", metavar="SOURCE",
                    help="'demo' (the demo corpus' held-out text), a prepared directory (its val split), or a "
-                        "text / JSONL / Parquet file or folder. Default when no --tasks: the first run's own held-out data, "
-                        "for every checkpoint")
+                        "text / JSONL / Parquet file or folder. Default when no --tasks: the first run's own "
+                        "held-out data, for every checkpoint")
     g.add_argument("--field", default="text", help="JSONL/Parquet field holding the text (default: text)")
     g.add_argument("--max-docs", type=int, help="score only the first N held-out documents (a quick look: the first "
                                                 "documents of a source need not be like the rest; a one-text source, "
