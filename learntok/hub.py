@@ -197,17 +197,20 @@ def _write_atomic(path: Path, write) -> None:
 def model_card(meta: dict) -> str:
     """A README.md for the Hub from the contents of config.json."""
     m, b, facts = meta["model"], meta["boundaries"], meta.get("training", {})
-    strategy = b["name"]
-    if strategy in STRATEGIES:
-        cls = STRATEGIES[strategy]
+    strategy, cls = b["name"], STRATEGIES.get(b["name"])  # None: a strategy this version does not have
+    if cls is not None:
         strategy = cls.describe(cls.read_options(from_dict({"boundaries": b}).boundaries))
+    # a fixed rule's or a segmentation's rate is the text's: its config's target_rate steered nothing
+    target = (f"{b['target_rate']:g}" if cls is None or cls.rate_controlled
+              else f"none (the {b['name']} boundaries' own rate)")
+    drawn = "boundaries sampled" if cls is None or cls.stochastic else f"{b['name']} boundaries"
     rows = [
         ("parameters", f"{meta['num_parameters'] / 1e6:.2f}M"),
         ("width / heads", f"{m['d_model']} / {m['n_heads']}"),
         ("layers: byte encoder / token level / byte decoder", f"{m['n_down_layers']} / {m['n_mid_layers']} / {m['n_up_layers']}"),
         ("byte-level sliding window", str(m["window"])),
         ("boundary strategy", strategy),
-        ("target boundary rate", f"{b['target_rate']:g}"),
+        ("target boundary rate", target),
     ]
     if "bytes_seen" in facts:
         rows.append(("training bytes", f"{facts['bytes_seen']:,}" + (f" ({facts['step']:,} steps)" if "step" in facts else "")))
@@ -221,7 +224,7 @@ def model_card(meta: dict) -> str:
         data = meta.get("data") or {}
         cut = (f"; each held-out document's first {meta['train']['seq_len']} bytes, as training cut them"
                if meta.get("train") and heldout_cuts_documents(data.get("source"), data.get("mode")) else "")
-        rows.append(("held-out bits per byte", f"{facts['val_bpb']:.3f} (boundaries sampled{cut})"))
+        rows.append(("held-out bits per byte", f"{facts['val_bpb']:.3f} ({drawn}{cut})"))
     if isinstance(facts.get("val_boundary_rate"), (int, float)):
         rows.append(("held-out boundary rate", f"{facts['val_boundary_rate']:.3f}"))
     rows = [(k, v.replace("|", "\\|")) for k, v in rows]  # a bare | would split the table cell

@@ -42,6 +42,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
         assert key in rows[-1], key
     assert list(run_dir.glob("step_*/model.safetensors"))
     assert "boundaries sampled, mean of 3 seeds" in out
+    assert "(target 0.2)" in out
 
 
 def test_demo_of_a_fixed_rule_evaluates_it_once(tmp_path, capsys, monkeypatch):
@@ -57,6 +58,9 @@ def test_demo_of_a_fixed_rule_evaluates_it_once(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert draws == [1] and "bytes, whitespace boundaries)" in out and "sampled" not in out
     assert "\ntokens of held-out text" in out
+    # the text sets the rule's rate: no target is claimed for it
+    assert "(the whitespace boundaries' own rate: boundaries.target_rate does not steer it)" in out
+    assert "target 0.2" not in out
 
 
 def test_demo_says_when_its_time_limit_cut_training_short(tmp_path, capsys, monkeypatch):

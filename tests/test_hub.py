@@ -81,6 +81,10 @@ def test_training_run_directory(tmp_path):
     assert "| held-out bits per byte | 2.500 (boundaries sampled) |" in model_card(meta)
     meta["data"]["source"] = "data/a|b"  # a bar in a value is escaped: it would split the table's cell
     assert "| training data | data/a\\|b |" in model_card(meta)
+    assert "| target boundary rate | 0.2 |" in model_card(meta)
+    meta["boundaries"]["name"] = "whitespace"  # a fixed rule: no draw, and its rate is the text's
+    assert "| target boundary rate | none (the whitespace boundaries' own rate) |" in model_card(meta)
+    assert "| held-out bits per byte | 2.500 (whitespace boundaries) |" in model_card(meta)
     again = from_pretrained(tmp_path / "hf")
     assert again.info.run_known and again.info.config.train.seq_len == 64
     assert torch.equal(logits(model), logits(again))

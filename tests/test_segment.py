@@ -134,6 +134,19 @@ def test_threshold_segment_other_strategies():
     assert segment(fixed, TEXT, boundaries="quantile") == segment(fixed, TEXT, seed=3)
 
 
+def test_segment_command_says_a_fixed_rule_has_no_threshold(tmp_path, capsys):
+    cfg = tiny_config(name="whitespace")
+    save_pretrained(ByteUNet(cfg.model, cfg.boundaries).eval(), tmp_path / "rule")
+    assert main(["segment", str(tmp_path / "rule"), TEXT, "--json"]) == 0
+    sampled = capsys.readouterr()
+    assert sampled.err == ""
+    assert main(["segment", str(tmp_path / "rule"), TEXT, "--json", "--boundaries", "threshold"]) == 0
+    threshold = capsys.readouterr()
+    assert threshold.out == sampled.out
+    assert threshold.err == ("note: the whitespace boundaries are drawn by no policy, so --boundaries threshold "
+                             "gives the boundaries they always give\n")
+
+
 def test_terminal_rendering():
     seg = hand_made()
     assert display.render(seg, colour=False) == "aé |b"

@@ -9,8 +9,8 @@ is one new module and its entry in the registry (`boundaries/__init__.py`; a fix
                `update` (running state), `set_progress` (where the run is) and `metrics`
   generation   `allocate_inference_cache`, `step`, `pool_step`, `unpool_step`
   files        `save_files`, `load_files`, `keep_segmenter`; accounting `n_matrix_params`
-  capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `user_supplied`, `can_segment`,
-               `describe`; `supplied_track` where the boundaries come with the data (`supplied.py`)
+  capabilities `name`, `stochastic`, `thresholdable`, `length_dependent`, `rate_controlled`, `user_supplied`,
+               `can_segment`, `describe`; `supplied_track` where the boundaries come with the data (`supplied.py`)
   options      `options_class`: a dataclass of the strategy's own options, the config section
                `boundaries.<name>` (subclass `StrategyOptions` in the strategy's module); the strategy
                reads them typed as `self.options`
@@ -150,6 +150,9 @@ class BoundaryStrategy(nn.Module):
     # a row's decisions depend on its padded length (evenly spaced over the row): scoring pads every row
     # to the same length so that a text gets the same boundaries in any batch
     length_dependent: bool = False
+    # its boundary rate is steered to `target_rate` (a sampled rate, a loss or a calibrated threshold);
+    # otherwise the rate is the text's or the segmentation's own, and `target_rate` does not apply
+    rate_controlled: bool = False
     # its boundaries are a user's own segmentation, which no corpus has unless the user prepared it so
     # (left out of `learntok compare`'s default list)
     user_supplied: bool = False

@@ -18,6 +18,7 @@ from .base import Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, Bo
 class RandomBoundaries(BoundaryStrategy):
     name = "random"
     stochastic = True
+    rate_controlled = True
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         a, probs = self._draw(inp.forced, inp.uniforms, inp.generator)

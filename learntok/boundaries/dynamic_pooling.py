@@ -88,6 +88,7 @@ class DynamicPooling(BoundaryStrategy):
     name = "dynamic_pooling"
     stochastic = True
     thresholdable = True  # Gumbel-sigmoid: a = [l > -logit(u)]
+    rate_controlled = True  # the binomial prior
     options_class = DynamicPoolingOptions
     options: DynamicPoolingOptions
 

@@ -138,6 +138,7 @@ class EntropyCache:
 
 class EntropyPatching(BoundaryStrategy):
     name = "entropy"
+    rate_controlled = True  # a threshold calibrated to the rate
     options_class = EntropyOptions
     options: EntropyOptions
 

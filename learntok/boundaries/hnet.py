@@ -101,6 +101,7 @@ class HNetCache:
 
 class HNetChunking(BoundaryStrategy):
     name = "hnet"
+    rate_controlled = True  # the ratio loss (which moves the rate slowly)
     options_class = HNetOptions
     options: HNetOptions
 

@@ -128,6 +128,7 @@ class LearnedPolicy(BoundaryStrategy):
     name = "learned"
     stochastic = True
     thresholdable = True  # a = [l > logit(u)]
+    rate_controlled = True  # the target-rate loss
     options_class = LearnedOptions
     options: LearnedOptions
 

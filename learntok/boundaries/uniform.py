@@ -49,6 +49,7 @@ def on_uniform_grid(position: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 class Uniform(BoundaryStrategy):
     name = "uniform"
     length_dependent = True
+    rate_controlled = True
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         B, T = inp.inputs.shape

@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tau is not None and args.boundaries != "quantile":
         raise CommandError("--tau is the threshold of --boundaries quantile")
     model = load(args.model, args.device)
+    if args.boundaries != "sampled" and not model.boundaries.stochastic:
+        print(f"note: the {model.boundaries.name} boundaries are drawn by no policy, so --boundaries "
+              f"{args.boundaries} gives the boundaries they always give", file=sys.stderr)
     tau = None  # a fixed rule has no threshold
     try:
         if args.boundaries == "quantile" and model.boundaries.stochastic and data:  # (empty text: no threshold)
