@@ -451,7 +451,7 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
     policy's only loss is its cross-entropy against it; after that the policy samples and the paper's
     losses take over, from a policy that has copied the rule."""
     import torch.nn.functional as F
-    from learntok.boundaries.learned import RULES
+    from learntok.boundaries.learned import rules
     from learntok.boundaries.whitespace import pairwise
     from learntok.train.accumulate import log_likelihoods
     trainer = trainer_on_text("learned", 80, tmp_path, learned={"imitate": rule, "imitate_until": 0.5, "scale": 1.0})
@@ -467,7 +467,7 @@ def test_learned_policy_imitates_a_rule_then_learns(rule, tmp_path, one_thread):
         out = model(x)
         executed = out.boundaries.a  # still imitating: the rule, whatever the uniforms
         assert strategy.imitating
-        want = pairwise(RULES[rule], x) & (x != PAD)
+        want = pairwise(rules()[rule], x) & (x != PAD)
         want[:, 0] = True
         assert torch.equal(executed, want)
         # the loss: -log pi(the rule's decision), averaged over the free decisions

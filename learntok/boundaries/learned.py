@@ -58,10 +58,15 @@ from ..objectives import (binary_entropy_from_logits, masked_mean, policy_advant
 from .base import (Boundaries, BoundaryInput, BoundaryStep, BoundaryStepInput, BoundaryStrategy, LossInputs,
                    StrategyOptions)
 from .whitespace import Whitespace, pairwise
-from .word_start import WordStart
 
 CENTERINGS = ("mean", "leave_one_out", "group", "group_loo", "draw", "none")
-RULES = {cls.name: cls.rule for cls in (Whitespace, WordStart)}  # what `imitate` may name
+
+
+def rules() -> dict:
+    """The fixed rules `imitate` may name, by name: every registered strategy that is a byte-pair rule (the
+    whitespace strategy and its subclasses, word_start)."""
+    from . import STRATEGIES  # the registry imports this module
+    return {name: cls.rule for name, cls in STRATEGIES.items() if issubclass(cls, Whitespace)}
 
 
 @dataclass
@@ -96,8 +101,8 @@ class LearnedOptions(StrategyOptions):
             yield "batch_centering", "draw makes its own second draw: use it with boundaries.group_size=1"
         if not 0.0 < self.draw_share <= 1.0:
             yield "draw_share", "must lie in (0, 1]"
-        if self.imitate and self.imitate not in RULES:
-            yield "imitate", f"use {' or '.join(RULES)}, or leave it empty"
+        if self.imitate and self.imitate not in rules():
+            yield "imitate", f"use {' or '.join(rules())}, or leave it empty"
         if not 0.0 <= self.imitate_until <= 1.0:
             yield "imitate_until", "must lie in [0, 1]"
         elif self.imitate_until > 0 and not self.imitate:
@@ -172,7 +177,7 @@ class LearnedPolicy(BoundaryStrategy):
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         if self.training and self.imitating:  # the rule's decisions: u = 0 takes a boundary, u = 1 none
-            rule = pairwise(RULES[self.options.imitate], inp.inputs)
+            rule = pairwise(rules()[self.options.imitate], inp.inputs)
             inp = dataclasses.replace(inp, uniforms=(~rule).float())
         return self._policy(inp)
 
