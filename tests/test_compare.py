@@ -454,3 +454,29 @@ def test_every_strategy_has_its_own_colour_in_the_plots():
     assert set(COLOURS) == set(STRATEGIES) and len(set(COLOURS.values())) == len(STRATEGIES)
     assert (COLOURS["learned"], COLOURS["uniform"]) == ("#2ca02c", "#1f77b4")
     assert (COLOURS["dynamic_pooling"], COLOURS["hnet"]) == ("#ff7f0e", "#e377c2")
+
+
+def test_the_bpe_reference_is_the_stored_track_of_the_sequences_every_run_is_measured_on(prepared, tmp_path,
+                                                                                           monkeypatch):
+    """With more held-out sequences than the config's own train.eval_batches hold (--heldout-sequences, 256 by
+    default), F1 vs BPE is still measured against the dataset's stored BPE track of those sequences, which the `bpe`
+    strategy trains with (its F1 vs BPE 1), as the report says, not the tokenizer run again on each row."""
+    import learntok.compare as compare
+    from learntok.compare import RunResult
+    from learntok.compare.run import run_config
+
+    measured = []
+
+    def train_one(settings, strategy, seed, reference, log=print):
+        val = make_data(run_config(settings, strategy, seed)).val
+        measured.append((reference.description, reference.for_batches(val), [b.boundaries for b in val]))
+        return RunResult(strategy, seed, "skipped")
+
+    monkeypatch.setattr(compare, "train_one", train_one)
+    settings = CompareSettings(None, ["bpe"], 1e9, tmp_path / "report", [*TINY, f"data.source={prepared}",
+                                                                        "data.mode=packed"],
+                               heldout_sequences=16, paragraph="The quick brown fox.")  # 4 batches; the config's 1
+    compare.run_comparison(settings, log=lambda *args: None)
+    ((description, reference, stored),) = measured
+    assert "its stored BPE track" in description and len(reference) == len(stored) == 4
+    assert all(torch.equal(r, s) for r, s in zip(reference, stored))

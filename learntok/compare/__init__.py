@@ -59,7 +59,7 @@ from pathlib import Path
 from ..config import load_config
 from .report import read_results, write_report
 from .run import (DEFAULT_STRATEGIES, BpeReference, CompareSettings, RunResult, check_run_folders, default_paragraph,
-                  train_one)
+                  run_config, train_one)
 
 __all__ = ["DEFAULT_STRATEGIES", "CompareSettings", "RunResult", "read_results", "run_comparison"]
 
@@ -74,7 +74,9 @@ def run_comparison(settings: CompareSettings, log=print) -> dict:
     if settings.paragraph is None:  # before the runs are checked: a finished run was segmented on it
         settings.paragraph = default_paragraph(base)
     check_run_folders(settings)
-    reference = BpeReference(base)
+    # built on a run's config, which holds out --heldout-sequences, not the config's own train.eval_batches: the
+    # dataset's BPE track is read for the sequences the runs are measured on (else the tokenizer is run per row)
+    reference = BpeReference(run_config(settings, base.boundaries.name, 0))
     results, segs = [], []
     for i, strategy in enumerate(settings.strategies):
         for seed in range(settings.seeds):
