@@ -193,7 +193,7 @@ def test_claims_follow_their_stated_rules():
     assert d["difference"] == pytest.approx(-0.5) and d["se"] == pytest.approx((0.02 / 2 + 0.02 / 2) ** 0.5)
     assert d["se_text"] is None  # runs that kept no per-sequence bits: the error over seeds alone
     runs = [run("learned", 0, 2.0, 0.60), run("learned", 1, 2.2, 0.70),
-            run("whitespace", 0, 2.5, 0.90), run("whitespace", 1, 2.7, 0.90),  # 0.5 below: > 2 SE (0.28)
+            run("whitespace", 0, 2.9, 0.90), run("whitespace", 1, 3.1, 0.90),  # 0.9 below: > 4.30 SE (0.61)
             run("uniform", 0, 2.0, 0.20), run("uniform", 1, 2.3, 0.21),  # 0.05 below: within noise
             run("bpe", 0, 1.0, 0.80)]  # one seed
     verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
@@ -202,7 +202,7 @@ def test_claims_follow_their_stated_rules():
                         "bpb vs uniform": "within noise", "bpb vs bpe": "one seed: not judged"}
     runs[0] = run("learned", 0, 2.0, 0.50)  # one seed below halfway, both above blind placement
     assert claims(runs, whitespace_share=0.2)[0]["verdict"] == "above blind placement"
-    runs[0], runs[1] = run("learned", 0, 3.5, 0.2), run("learned", 1, 3.6, 0.19)
+    runs[0], runs[1] = run("learned", 0, 4.5, 0.2), run("learned", 1, 4.6, 0.19)  # 1.55 above: > 12.7 SE (1.42)
     verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
     assert verdicts["structure"] == "not above blind placement" and verdicts["bpb vs whitespace"] == "behind"
 
@@ -217,7 +217,7 @@ def test_a_difference_between_one_and_two_standard_errors_is_within_noise():
 
     # 2.1 - 2.3 = -0.2; standard error sqrt(0.02 / 2 + 0.02 / 2) = 0.141: beyond one, short of two (0.283)
     runs = [run("learned", 0, 2.0), run("learned", 1, 2.2), run("random", 0, 2.2), run("random", 1, 2.4),
-            run("uniform", 0, 2.3), run("uniform", 1, 2.5)]  # -0.3: beyond two
+            run("uniform", 0, 2.8), run("uniform", 1, 3.0)]  # -0.7: beyond Student's t, 2 degrees of freedom (0.61)
     verdicts = {c["claim"]: c["verdict"] for c in claims(runs, whitespace_share=0.2)}
     assert verdicts["bpb vs random"] == "within noise" and verdicts["bpb vs uniform"] == "ahead"
 
@@ -241,6 +241,9 @@ def test_a_difference_has_standard_errors_over_seeds_and_over_the_heldout_text()
     # sqrt(32 / (3 * 2)) / (40 / 3)
     assert d["se_text"] == pytest.approx(3 ** 0.5 / 10)
     assert d["se"] == pytest.approx((0.0125 + 0.03) ** 0.5)
+    # Welch's degrees of freedom over seeds (1.47), 2 over the three sequences, combined by Satterthwaite's rule
+    welch = 0.0125 ** 2 / (0.01 ** 2 + 0.0025 ** 2)
+    assert d["df"] == pytest.approx(0.0425 ** 2 / (0.0125 ** 2 / welch + 0.03 ** 2 / 2))
     # runs that name their train seeds, the same on both sides, are paired by seed
     for runs, seeds in ((a, (3, 4)), (b, (4, 3))):
         for r, s in zip(runs, seeds):
@@ -480,3 +483,23 @@ def test_the_bpe_reference_is_the_stored_track_of_the_sequences_every_run_is_mea
     ((description, reference, stored),) = measured
     assert "its stored BPE track" in description and len(reference) == len(stored) == 4
     assert all(torch.equal(r, s) for r, s in zip(reference, stored))
+
+
+def test_with_two_seeds_a_difference_must_exceed_students_t_of_its_standard_errors():
+    """Two seeds a side, paired: the error over seeds is guessed from two per-seed differences (one degree of
+    freedom), so a rule of two standard errors would call about 30% of pairs of equal strategies ahead or behind.
+    Here -0.04 and -0.02 per seed: -0.03 ± 0.01, three standard errors, within noise (Student's t: 12.7 of them)."""
+    from learntok.compare import RunResult
+    from learntok.compare.report import bpb_difference, claims, noise_multiple
+
+    def run(strategy, seed, bpb):
+        return RunResult(strategy, seed, "ok", bpb=bpb, train_seed=seed,
+                         analysis={"summary": {"whitespace_precision": 0.5}})
+
+    runs = [run("learned", 0, 2.00), run("learned", 1, 2.10), run("uniform", 0, 2.04), run("uniform", 1, 2.12)]
+    d = bpb_difference(runs[:2], runs[2:])
+    assert (d["difference"], d["se"], d["df"]) == pytest.approx((-0.03, 0.01, 1))
+    (_, vs_uniform) = claims(runs, whitespace_share=0.2)
+    assert vs_uniform["verdict"] == "within noise"
+    assert "noise up to 12.71 standard errors (Student's t, 1.0 degrees of freedom)" in vs_uniform["detail"]
+    assert (noise_multiple(1), noise_multiple(2.9), noise_multiple(30), noise_multiple(31)) == (12.706, 4.303, 2.042, 2)

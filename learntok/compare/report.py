@@ -92,6 +92,8 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
               did not score the same sequences;
     se        both in quadrature (slightly conservative: se_text also holds some of the seeds' noise), the
               error a verdict uses; None with one seed on either side;
+    df        se's degrees of freedom (Welch-Satterthwaite): seeds less one when paired, Welch's otherwise,
+              sequences less one for se_text; what a verdict's multiple of se follows (`noise_multiple`);
     left_out  train seeds that only one side finished (a run that failed): where the sides share others,
               the comparison is of the shared seeds alone, since a mean over other seeds would hold their luck."""
     seeds = [{r.train_seed for r in runs} - {None} for runs in (a, b)]
@@ -100,27 +102,51 @@ def bpb_difference(a: list[RunResult], b: list[RunResult]) -> dict:
     if left_out:
         a, b = ([r for r in runs if r.train_seed in shared] for runs in (a, b))
     diff = statistics.fmean(r.bpb for r in a) - statistics.fmean(r.bpb for r in b)
-    se_seeds = None
+    se_seeds = df_seeds = None
     by_seed = {r.train_seed: r.bpb for r in b}
     paired = len(a) == len(b) == len(by_seed) and None not in by_seed and {r.train_seed for r in a} == by_seed.keys()
     if len(a) > 1 and paired:
         se_seeds = statistics.stdev([r.bpb - by_seed[r.train_seed] for r in a]) / len(a) ** 0.5
+        df_seeds = len(a) - 1
     elif len(a) > 1 and len(b) > 1:
-        se_seeds = math.hypot(*(statistics.stdev([r.bpb for r in runs]) / len(runs) ** 0.5 for runs in (a, b)))
+        v = [statistics.variance([r.bpb for r in runs]) / len(runs) for runs in (a, b)]  # each mean's variance
+        se_seeds = math.sqrt(sum(v))
+        welch = v[0] ** 2 / (len(a) - 1) + v[1] ** 2 / (len(b) - 1)
+        df_seeds = sum(v) ** 2 / welch if welch else len(a) + len(b) - 2
     se_text = None
     if len({tuple(r.sequence_bytes) for r in a + b}) == 1 and len(a[0].sequence_bytes) > 1:  # the same sequences
         side_bits = [[statistics.fmean(bits) for bits in zip(*(r.sequence_bits for r in runs))] for runs in (a, b)]
         _, se_text = ratio_and_se([x - y for x, y in zip(*side_bits)], a[0].sequence_bytes)
-    se = None if se_seeds is None else math.hypot(se_seeds, se_text or 0.0)
-    return {"difference": diff, "se_seeds": se_seeds, "se_text": se_text, "se": se, "left_out": left_out}
+    se = df = None
+    if se_seeds is not None:
+        se = math.hypot(se_seeds, se_text or 0.0)
+        parts = [(se_seeds, df_seeds)] + ([(se_text, len(a[0].sequence_bytes) - 1)] if se_text else [])
+        df = se ** 4 / sum(e ** 4 / k for e, k in parts) if se else df_seeds
+    return {"difference": diff, "se_seeds": se_seeds, "se_text": se_text, "se": se, "df": df, "left_out": left_out}
+
+
+# Student's t, 97.5% quantiles for 1 to 30 degrees of freedom (scipy.stats.t.ppf(0.975, df))
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def noise_multiple(df: float) -> float:
+    """How many standard errors a difference must exceed to be more than noise: Student's t at 97.5% for `df`
+    degrees of freedom (rounded down, which errs towards noise), 2 beyond 30. With two seeds the error over seeds
+    is guessed from two differences: a rule of two standard errors would call about 30% of pairs of equal
+    strategies ahead or behind, where 12.7 calls 5%."""
+    return 2.0 if df > len(T_975) else T_975[max(1, int(df)) - 1]
 
 
 def _describe(d: dict) -> str:
-    """`+0.012 bpb ± 0.009 (standard error over seeds 0.008, over held-out text 0.004)`, with the errors there are."""
+    """`+0.012 bpb ± 0.009 (standard error over seeds 0.008, over held-out text 0.004); noise up to 2.05 standard
+    errors (Student's t, 28.3 degrees of freedom)`, with the errors there are."""
     parts = [f"{name} {d[key]:.3f}" for name, key in (("over seeds", "se_seeds"), ("over held-out text", "se_text"))
              if d[key] is not None]
     text = f"{d['difference']:+.3f} bpb" + (f" ± {d['se']:.3f}" if d["se"] is not None else "")
-    return text + (f" (standard error {', '.join(parts)})" if parts else "") + _left_out(d)
+    noise = (f"; noise up to {noise_multiple(d['df']):.2f} standard errors (Student's t, {d['df']:.1f} degrees of "
+             f"freedom)" if d.get("df") is not None else "")
+    return text + (f" (standard error {', '.join(parts)})" if parts else "") + noise + _left_out(d)
 
 
 def _left_out(d: dict) -> str:
@@ -164,8 +190,10 @@ def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPE
                 of the bytes) and with the whitespace rule's (`WHITESPACE_RULE`; 1.0 when it was not run): whitespace-
                 like when it is at least halfway from the first to the second in every seed;
     bpb vs X    held-out bpb difference to strategy X with its standard error (`bpb_difference`: over
-                seeds and over the held-out text): ahead or behind when the difference exceeds two standard
-                errors, within noise otherwise, not judged with one seed."""
+                seeds and over the held-out text): ahead or behind when the difference exceeds that error
+                times Student's t for its degrees of freedom (`noise_multiple`: 12.7 with two seeds whose noise
+                dominates, 2 with many seeds or where the held-out text's dominates), within noise otherwise,
+                not judged with one seed."""
     by_strategy = _finished_by_strategy(results)
     if policy not in by_strategy:
         return []
@@ -188,7 +216,7 @@ def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPE
         d = bpb_difference(mine, runs)
         if d["se"] is None:
             verdict = "one seed: not judged"
-        elif abs(d["difference"]) > 2 * d["se"]:
+        elif abs(d["difference"]) > noise_multiple(d["df"]) * d["se"]:
             verdict = "ahead" if d["difference"] < 0 else "behind"
         else:
             verdict = "within noise"
@@ -385,8 +413,9 @@ def write_report(settings: CompareSettings, results: list[RunResult], segs: list
                          "standard error over seeds (training noise; paired by seed, whose byte model and data "
                          "order every strategy shares), over the held-out sequences (which text was held out: the "
                          "same sequences score every run, so the seeds' spread does not hold it) and both in "
-                         "quadrature (`learntok.compare.report.bpb_difference`). A difference beyond two of "
-                         "them is more than noise."))
+                         "quadrature (`learntok.compare.report.bpb_difference`). A difference beyond Student's t "
+                         "of them for their degrees of freedom (2 with many; 12.7 with two seeds whose noise "
+                         "dominates: `noise_multiple`) is more than noise."))
     text = "\n".join([f"# Boundary strategies at matched training FLOPs: {corpus}", "", f"`{settings.command}`", "",
                       run_line, "", table, "", *([differences_markdown(diffs), ""] if diffs else []),
                       *[f"- {n}" for n in notes], "", claims_markdown(verdicts), ""])
