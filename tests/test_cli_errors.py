@@ -23,6 +23,8 @@ def one_error_line(capsys, command: str) -> str:
     (["segment", "RUN", "some text", "--file", "some.txt"], "give either TEXT or --file, not both"),
     (["generate", "RUN", "--max-bytes", "-1"], "--max-bytes and --threads must be >= 0 (got -1, 1)"),
     (["compare", "--flops", "1e9", "--strategies", ""], "--strategies lists no strategy"),
+    # the same runs twice would be counted as twice the seeds, unpaired, with too small a standard error
+    (["compare", "--flops", "1e9", "--strategies", "uniform,random,uniform"], "--strategies lists uniform twice"),
     (["eval", "--checkpoint", "RUN", "--tasks", "mmlu"],
      "unknown task 'mmlu'; choose from piqa, hellaswag, arc_easy, lambada"),
     (["eval", "--checkpoint", "runs/a", "--checkpoint", "other/a"],

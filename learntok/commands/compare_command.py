@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
         raise CommandError("--strategies lists no strategy")
+    # one strategy's runs listed twice would be reported as twice the seeds, which are not independent
+    twice = next((s for i, s in enumerate(strategies) if s in strategies[:i]), None)
+    if twice is not None:
+        raise CommandError(f"--strategies lists {twice} twice")
     if min(args.seeds, args.eval_points, args.eval_samples, args.analysis_samples, args.heldout_sequences) < 1:
         raise CommandError("--seeds, --eval-points, --eval-samples, --analysis-samples and --heldout-sequences "
                            "must be >= 1")
