@@ -86,6 +86,9 @@ def _suppressed(allow_eos: bool, device: torch.device) -> torch.Tensor:
 
 # --- generation ----------------------------------------------------------------------------------
 
+SEEDS = 2**64  # the seeds a torch generator takes (a larger one fails inside it with "Overflow when unpacking")
+
+
 @dataclass
 class Generation:
     """A generated continuation and the boundaries the model drew along the way."""
@@ -157,6 +160,8 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
         raise ValueError("compile=True compiles the cached step: it needs use_cache=True")
     if seed is None:
         seed = random.randrange(2**63)
+    elif not 0 <= seed < SEEDS:
+        raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

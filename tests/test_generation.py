@@ -465,6 +465,11 @@ def test_generate_api_is_seeded():
     model.train()
     generate(model, "", max_bytes=5, seed=0)
     assert model.training  # restored
+    # a seed beyond torch's generators is refused by name, not by torch's "Overflow when unpacking long long"
+    for seed in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"seed must lie in \[0, 2\*\*64\), got"):
+            generate(model, "", max_bytes=5, seed=seed)
+    assert generate(model, "", max_bytes=5, seed=2**64 - 1).seed == 2**64 - 1
 
 
 # --- scoring -------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..display import legend, render, use_colour
-    from ..generation import check_sampling, generate
+    from ..generation import SEEDS, check_sampling, generate
     from ..hub import default_context
 
     try:  # before anything is printed
@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from None
     if args.max_bytes < 0 or args.threads < 0:
         raise CommandError(f"--max-bytes and --threads must be >= 0 (got {args.max_bytes}, {args.threads})")
+    if args.seed is not None and not 0 <= args.seed < SEEDS:
+        raise CommandError(f"--seed must lie in [0, 2**64) (got {args.seed})")
     model = load(args.model, args.device)
     prompt = os.fsencode(args.prompt)  # the bytes typed, also when they are not UTF-8
     out = sys.stdout
