@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--max-bytes and --threads must be >= 0 (got {args.max_bytes}, {args.threads})")
     if args.seed is not None and not 0 <= args.seed < SEEDS:
         raise CommandError(f"--seed must lie in [0, 2**64) (got {args.seed})")
+    if args.compile and args.no_cache:  # refused before the minute of compiling, not after it
+        raise CommandError("--compile compiles the cached step: it cannot go with --no-cache")
     model = load(args.model, args.device)
     prompt = os.fsencode(args.prompt)  # the bytes typed, also when they are not UTF-8
     out = sys.stdout
