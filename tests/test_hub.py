@@ -357,6 +357,7 @@ def test_export_command_writes_a_model_directory_and_pushes_it(tmp_path, monkeyp
     (["{run}"], "holds other files; give a new or empty directory"),  # the run itself: its files stay as they are
     (["{tmp}/file"], "is a file; give a directory"),
     (["{tmp}/new", "--private"], "--private is for --push"),
+    (["{tmp}/gpt2"], "holds other files; give a new or empty directory"),  # another model's config.json
 ])
 def test_export_command_refuses_what_would_lose_or_mix_files(tmp_path, capsys, args, message):
     from learntok.cli import main
@@ -364,8 +365,13 @@ def test_export_command_refuses_what_would_lose_or_mix_files(tmp_path, capsys, a
     model, cfg = make_model()
     run = run_dir(tmp_path, model, cfg)
     (tmp_path / "file").write_text("x")
+    other = {"config.json": '{"model_type": "gpt2"}', "model.safetensors": "its weights"}
+    (tmp_path / "gpt2").mkdir()
+    for name, text in other.items():
+        (tmp_path / "gpt2" / name).write_text(text)
     before = sorted(p.name for p in run.iterdir())
     argv = ["export", str(run), *(a.format(run=run, tmp=tmp_path) for a in args)]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == before and not (tmp_path / "new").exists()
+    assert {p.name: p.read_text() for p in (tmp_path / "gpt2").iterdir()} == other

@@ -6,6 +6,7 @@ learntok command load it. `--push owner/name` uploads the same files to the Hugg
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -29,13 +30,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_destination(out: Path) -> None:
-    """A directory that holds other files than an earlier export's (a run directory, say) is refused: the
-    export's config.json would sit beside them and change what the directory loads as."""
+    """A directory that holds other files than an earlier export's (a run directory, another model's
+    directory) is refused: the export's config.json would sit beside them and change what the directory loads
+    as, or replace that model's config.json and model.safetensors."""
     if out.exists() and not out.is_dir():
         raise CommandError(f"{out} is a file; give a directory to write")
-    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+    if out.is_dir() and any(out.iterdir()) and not _learntok_config(out / "config.json"):
         raise CommandError(f"{out} holds other files; give a new or empty directory (or an earlier export, "
                            f"to replace it)")
+
+
+def _learntok_config(path: Path) -> bool:
+    """Whether `path` is a config.json that learntok reads as its own (as `hub.read_config` tells them
+    apart): a transformers model's config.json is not an earlier export."""
+    from ..hub import MODEL_TYPE
+
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
+        return False
+    return isinstance(meta, dict) and ("format_version" in meta or meta.get("model_type") == MODEL_TYPE)
 
 
 def run(args: argparse.Namespace) -> int:
