@@ -352,6 +352,25 @@ def test_export_command_writes_a_model_directory_and_pushes_it(tmp_path, monkeyp
     assert "uploading to me/tiny failed: 401 Client Error: Unauthorized\n" in capsys.readouterr().err
 
 
+def test_export_over_an_earlier_one_replaces_its_card_unless_edited(tmp_path, capsys):
+    """The card of an earlier export describes the model exported then: replaced with the new model's, so that
+    README.md and config.json agree; a card edited since is the user's, kept and said to be."""
+    from learntok.cli import main
+
+    learned, uniform = make_model("learned"), make_model("uniform")
+    first, second = run_dir(tmp_path / "a", *learned), run_dir(tmp_path / "b", *uniform)
+    out = tmp_path / "out"
+    assert main(["export", str(first), str(out)]) == 0
+    assert "| boundary strategy | learned" in (out / "README.md").read_text()
+    assert main(["export", str(second), str(out)]) == 0
+    assert "kept" not in capsys.readouterr().out
+    assert "| boundary strategy | uniform |" in (out / "README.md").read_text()
+    (out / "README.md").write_text("my own card\n")
+    assert main(["export", str(first), str(out)]) == 0
+    assert "(README.md kept: not the card learntok wrote for the earlier export)" in capsys.readouterr().out
+    assert (out / "README.md").read_text() == "my own card\n"
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "give the directory to write, --push OWNER/NAME, or both"),
     (["{run}"], "holds other files; give a new or empty directory"),  # the run itself: its files stay as they are

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="RUN", help=MODEL_HELP)
     p.add_argument("out", nargs="?", metavar="DIR",
                    help="the directory to write: new, empty, or an earlier export, whose files are replaced "
-                        "(its README.md is kept)")
+                        "(its README.md too, unless edited since)")
     p.add_argument("--push", metavar="OWNER/NAME",
                    help="also upload the files to this Hugging Face Hub repo, created if needed "
                         "(needs learntok[hub] and a token: `hf auth login` or HF_TOKEN)")
@@ -52,6 +52,17 @@ def _learntok_config(path: Path) -> bool:
     return isinstance(meta, dict) and ("format_version" in meta or meta.get("model_type") == MODEL_TYPE)
 
 
+def _card_unedited(out: Path) -> bool:
+    """Whether the README.md of the earlier export `out` is the model card learntok wrote from its config.json:
+    replaced with the new model's, where kept it would describe the old one. An edited card is kept."""
+    from ..hub import model_card
+
+    try:
+        return (out / "README.md").read_text() == model_card(json.loads((out / "config.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError):  # no card, or a config.json this learntok cannot describe
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -66,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
         check_destination(out)
     model = load(args.model, "cpu").to(getattr(torch, args.dtype))
     if out is not None:
-        save_pretrained(model, out)
+        kept = (out / "README.md").is_file() and not _card_unedited(out)
+        save_pretrained(model, out, overwrite_card=not kept)
         files = ", ".join(sorted(p.name for p in out.iterdir()))
-        print(f"wrote {out}: {files}")
+        print(f"wrote {out}: {files}" + (" (README.md kept: not the card learntok wrote for the earlier export)"
+                                           if kept else ""))
     if args.push is not None:
         try:
             url = push_to_hub(model, args.push, private=args.private or None)
