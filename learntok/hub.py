@@ -328,6 +328,11 @@ def from_pretrained(path_or_repo: str | Path, device: str | torch.device = "cpu"
                          f"(written by save_pretrained) or a training run with step_* checkpoints")
 
 
+def is_learntok_config(meta) -> bool:
+    """Whether `meta`, a parsed config.json, is learntok's own (a transformers model's is not)."""
+    return isinstance(meta, dict) and ("format_version" in meta or meta.get("model_type") == MODEL_TYPE)
+
+
 def read_config(directory: str | Path) -> tuple[RunConfig, dict]:
     """The config of a model directory and the raw config.json, checked for its format version."""
     path = Path(directory) / CONFIG_NAME
@@ -337,7 +342,7 @@ def read_config(directory: str | Path) -> tuple[RunConfig, dict]:
         raise ModelLoadError(f"{path}: missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict) or ("format_version" not in meta and meta.get("model_type") != MODEL_TYPE):
+    if not is_learntok_config(meta):
         raise ModelLoadError(f"{path}: not a learntok config (no format_version; model_type "
                              f"{meta.get('model_type') if isinstance(meta, dict) else None!r}, expected {MODEL_TYPE!r})")
     version, written_by = meta.get("format_version"), meta.get("learntok_version", "an unknown version")

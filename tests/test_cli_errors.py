@@ -23,6 +23,7 @@ def one_error_line(capsys, command: str) -> str:
     (["segment", "RUN", "some text", "--file", "some.txt"], "give either TEXT or --file, not both"),
     (["generate", "RUN", "--max-bytes", "-1"], "--max-bytes and --threads must be >= 0 (got -1, 1)"),
     (["generate", "RUN", "--seed", str(2**64)], f"--seed must lie in [0, 2**64) (got {2**64})"),
+    (["segment", "RUN", "text", "--seed", "-1"], "--seed must lie in [0, 2**64) (got -1)"),
     (["generate", "RUN", "--compile", "--no-cache"],
      "--compile compiles the cached step: it cannot go with --no-cache"),
     (["compare", "--flops", "1e9", "--strategies", ""], "--strategies lists no strategy"),

@@ -41,15 +41,14 @@ def check_destination(out: Path) -> None:
 
 
 def _learntok_config(path: Path) -> bool:
-    """Whether `path` is a config.json that learntok reads as its own (as `hub.read_config` tells them
-    apart): a transformers model's config.json is not an earlier export."""
-    from ..hub import MODEL_TYPE
+    """Whether `path` is a config.json that learntok reads as its own: a transformers model's config.json is
+    not an earlier export."""
+    from ..hub import is_learntok_config
 
     try:
-        meta = json.loads(path.read_text())
+        return is_learntok_config(json.loads(path.read_text()))
     except (OSError, ValueError):  # missing, unreadable, not UTF-8 or not JSON
         return False
-    return isinstance(meta, dict) and ("format_version" in meta or meta.get("model_type") == MODEL_TYPE)
 
 
 def _card_unedited(out: Path) -> bool:
