@@ -279,6 +279,8 @@ def _apply(cfg: Any, updates: dict, prefix: str = "", root: Any = None) -> None:
         elif key in keys:
             current = getattr(cfg, key)
             if dataclasses.is_dataclass(current):
+                if value is None:  # a section whose keys are all commented out: YAML reads it as null
+                    continue
                 if not isinstance(value, dict):
                     raise ConfigError(f"{path}: expected a mapping of its fields, got {value!r}")
                 _apply(current, value, f"{path}.", root)

@@ -55,6 +55,15 @@ def test_section_given_a_value_instead_of_fields():
     assert "train: expected a mapping" in error_of(None, {"train": 5})
 
 
+def test_a_section_whose_keys_are_all_commented_out_changes_nothing(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("train:\n  # batch_size: 16\nboundaries:\n  name: entropy\n  entropy:\n    # mode: monotonic\n")
+    cfg = load_config(path)
+    assert cfg.train == load_config(None).train
+    boundaries.check(cfg.boundaries)
+    assert cfg.boundaries.options["entropy.mode"] == "global" and "entropy" not in cfg.boundaries.options
+
+
 def test_overrides_are_typed_against_the_field():
     cfg = load_config("cpu_default", ["train.lr=1e-3", "train.micro_batches=2", "boundaries.learned.softcap=none",
                                       "train.tensorboard=false", "train.training_bytes=3e5", "train.flops_budget=2e13"])

@@ -56,6 +56,8 @@ def _owner(key: str, value: Any) -> str:
             raise unknown_key(f"boundaries.{section}", valid)
         return section
     if key in STRATEGIES:
+        if value is None:  # a section whose options are all commented out: YAML reads it as null
+            return key
         raise ConfigError(f"boundaries.{key}: expected a mapping of its options, got {value!r}")
     owners = [name for name, cls in STRATEGIES.items() if cls.options_class.flat_field(key)]
     if not owners:
