@@ -505,3 +505,29 @@ def test_with_two_seeds_a_difference_must_exceed_students_t_of_its_standard_erro
     # Student's t at 97.5% (scipy.stats.t.ppf(0.975, df)), whole degrees of freedom or not
     for df, t in ((1, 12.7062), (1.47, 6.1917), (2, 4.3027), (2.9, 3.2454), (30, 2.0423), (60, 2.0003), (1e6, 1.9600)):
         assert noise_multiple(df) == pytest.approx(t, abs=1e-4), df
+
+
+def test_the_plot_legend_says_how_many_seeds_each_mean_holds():
+    from learntok.compare import RunResult
+    from learntok.compare.report import plot_legend
+
+    def run(strategy, seed, bpb, status="ok"):
+        return RunResult(strategy, seed, status, bpb=bpb)
+
+    both = [run("learned", 0, 2.0), run("learned", 1, 2.2), run("uniform", 0, 2.1), run("uniform", 1, 2.3)]
+    assert plot_legend(both) == ("strategy (final held-out bpb, mean of 2 seeds)",
+                                 {"learned": "learned (2.100)", "uniform": "uniform (2.200)"})
+    failed = [*both[:3], run("uniform", 1, None, "failed")]  # uniform's mean is of its one finished seed
+    assert plot_legend(failed) == ("strategy (final held-out bpb, mean over seeds)",
+                                   {"learned": "learned (2.100, 2 seeds)", "uniform": "uniform (2.100, 1 seed)"})
+    assert plot_legend([both[0], both[2]]) == ("strategy (final held-out bpb)",
+                                               {"learned": "learned (2.000)", "uniform": "uniform (2.100)"})
+    assert plot_legend([run("learned", 0, None, "skipped")]) == ("strategy (final held-out bpb)", {})
+
+
+def test_a_failed_runs_message_stays_in_its_table_cell():
+    from learntok.compare import RunResult
+
+    failed = RunResult("learned", 0, "failed", message="RuntimeError: a | b\nsecond line")
+    lines = table_markdown(aggregate([failed]), 1e9).splitlines()
+    assert len(lines) == 3 and "| learned | failed: RuntimeError: a \\| b second line |" in lines[2]

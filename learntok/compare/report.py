@@ -20,6 +20,7 @@ from ..boundaries import PAPER_POLICY, STRATEGIES, WHITESPACE_RULE
 from ..config import load_config
 from ..data.loader import heldout_cuts_documents
 from ..eval.benchmarks import ratio_and_se
+from ..eval.report import markdown_cell
 from .run import BpeReference, CompareSettings, RunResult, to_json
 
 # one colour per strategy in every plot, in the registry's order (the paper's figure 3: ours green,
@@ -63,7 +64,7 @@ def table_markdown(rows: list[dict], budget: float) -> str:
     lines = [head, "|---|" + "---:|" * 12]
     for r in rows:
         if r["status"] != "ok":
-            lines.append(f"| {r['strategy']} | {r['status']}: {r['message']} |" + " |" * 11)
+            lines.append(f"| {r['strategy']} | {r['status']}: {markdown_cell(r['message'])} |" + " |" * 11)
             continue
         bpb = _fmt(r["bpb"])
         if r["bpb_std_over_seeds"] is not None:
@@ -239,6 +240,25 @@ def claims_markdown(items: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot_legend(results: list[RunResult]) -> tuple[str, dict[str, str]]:
+    """The bpb plot's legend: its title and each finished strategy's label, its final held-out bpb as the mean
+    over its finished seeds (their number in the title, or in each label where strategies finished different
+    numbers: a failed run)."""
+    final_bpb: dict[str, list[float]] = {}
+    for r in results:
+        if r.status == "ok":
+            final_bpb.setdefault(r.strategy, []).append(r.bpb)
+    counts = {len(bpbs) for bpbs in final_bpb.values()}
+
+    def label(name: str, bpbs: list[float]) -> str:
+        seeds = "" if len(counts) == 1 else f", {len(bpbs)} seed" + "s" * (len(bpbs) > 1)
+        return f"{name} ({statistics.fmean(bpbs):.3f}{seeds})"
+
+    seeds = max(counts, default=1)  # (no finished run: no label)
+    mean_of = ", mean over seeds" if len(counts) > 1 else f", mean of {seeds} seeds" if seeds > 1 else ""
+    return f"strategy (final held-out bpb{mean_of})", {name: label(name, bpbs) for name, bpbs in final_bpb.items()}
+
+
 def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
     """Held-out bpb against cumulative training FLOPs, one curve per strategy (seeds in one colour)."""
     try:
@@ -251,10 +271,7 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
     ax = fig.add_subplot(1, 1, 1)
     seen = set()
     finals = []
-    final_bpb: dict[str, list[float]] = {}  # the legend gives each strategy's mean over its seeds
-    for r in results:
-        if r.status == "ok":
-            final_bpb.setdefault(r.strategy, []).append(r.bpb)
+    legend_title, labels = plot_legend(results)
     for r in results:
         if r.status != "ok" or not r.curve:
             continue
@@ -263,7 +280,7 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
         colour = COLOURS.get(r.strategy, "black")  # (a results.json of a strategy no longer registered)
         xs, ys = zip(*r.curve)
         ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6 if r.strategy == PAPER_POLICY else 1.1, color=colour,
-                label=f"{r.strategy} ({sum(final_bpb[r.strategy]) / len(final_bpb[r.strategy]):.3f})" if first else None)
+                label=labels[r.strategy] if first else None)
         finals.append(ys[-1])
         later = ys[1:] if len(ys) > 2 else ys  # the first point (high above the rest) may leave the frame
         finals.extend(later)
@@ -275,9 +292,7 @@ def write_plot(results: list[RunResult], path: Path, title: str) -> Path | None:
     ax.set_ylabel("held-out bits per byte")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    seeds = max(len(v) for v in final_bpb.values())
-    ax.legend(fontsize=8, title="strategy (final held-out bpb" + (f", mean of {seeds} seeds)" if seeds > 1 else ")"),
-              title_fontsize=8)
+    ax.legend(fontsize=8, title=legend_title, title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path

@@ -87,7 +87,8 @@ def format_cell(result: TaskResult | None, digits: int = 3, *, metric: str = "bp
     return cell
 
 
-def _escape(text: str) -> str:
+def markdown_cell(text: str) -> str:
+    """`text` as one Markdown table cell: a bare | would split it and a newline end its row."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -120,7 +121,7 @@ def _table(
             if key in best and _finite(v) and round(v, digits) == best[key]:
                 cell = f"**{cell}**"
             cells.append(cell)
-        lines.append(f"| {_escape(model)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {markdown_cell(model)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -151,7 +152,7 @@ def _paired_table(rows: Rows, columns: Sequence[tuple[str, str]], digits: int) -
     if not columns:
         return []
     first = _normalise(rows)[0][0]
-    lines = ["", f"Difference from {_escape(first)} in bits-per-byte (negative: fewer bits), \u00b1 standard error "
+    lines = ["", f"Difference from {markdown_cell(first)} in bits-per-byte (negative: fewer bits), \u00b1 standard error "
                  "of the difference over the same items.", "",
              "| Model | " + " | ".join(h for _, h in columns) + " |", "|---|" + "|".join("---:" for _ in columns) + "|"]
     for model, cells in paired.items():
@@ -162,7 +163,7 @@ def _paired_table(rows: Rows, columns: Sequence[tuple[str, str]], digits: int) -
                 continue
             delta, se = cells[key]
             row.append(f"{delta:+.{digits}f}" + (f" {_PM} {se:.{digits}f}" if _finite(se) else ""))
-        lines.append(f"| {_escape(model)} | " + " | ".join(row) + " |")
+        lines.append(f"| {markdown_cell(model)} | " + " | ".join(row) + " |")
     return lines
 
 
@@ -187,7 +188,7 @@ def render_markdown(
     out.append("Bits-per-byte of the correct continuation (lower is better), \u00b1 standard error.")
     out.append("")
     if notes:
-        out += [f"- {_escape(n)}" for n in notes] + [""]
+        out += [f"- {markdown_cell(n)}" for n in notes] + [""]
     out += _table(norm, columns, digits, "bpb", bold_best, higher_is_better=False)
     out += _paired_table(norm, columns, digits)
     if with_accuracy:
