@@ -351,14 +351,18 @@ def test_per_micro_batch_centering_would_differ():
     assert diff > 100 * RTOL
 
 
-def test_uniform_strategy_accumulates_too():
+@pytest.mark.parametrize("name, metric", [("uniform", "bpb"), ("dynamic_pooling", "loss_prior")])
+def test_other_strategies_accumulate_too(name, metric):
+    """`dynamic_pooling`'s prior is a mean over rows and has no batch statistics: each micro-batch's loss is
+    weighted by its share of the rows, so that micro-batches give the whole batch's gradient and loss."""
     batch = padded_batch()
-    ref = model_for(name="uniform")
+    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
+    ref = model_for(name=name)
     acc = copy.deepcopy(ref)
-    g_ref, m_ref = one_pass(ref, batch, None)
-    g_acc, m_acc = accumulated(acc, batch, None, 3)
+    g_ref, m_ref = one_pass(ref, batch, u)
+    g_acc, m_acc = accumulated(acc, batch, u, 3)
     assert_close_grads(g_acc, g_ref)
-    assert float(m_acc["bpb"]) == pytest.approx(float(m_ref["bpb"]), rel=1e-6)
+    assert float(m_acc[metric]) == pytest.approx(float(m_ref[metric]), rel=1e-6)
 
 
 def test_recompute_and_keep_agree_bitwise_on_cpu():
@@ -390,16 +394,3 @@ def test_trainer_step_with_micro_batches_equals_one_batch(tmp_path, keep_threads
         assert float(metrics[1][key]) == pytest.approx(float(metrics[0][key]), rel=1e-5, abs=1e-7), key
     # both consumed the same random numbers: the next step's boundaries are drawn alike too
     assert torch.equal(one.sample_rng.get_state(), four.sample_rng.get_state())
-
-
-def test_a_strategy_whose_losses_are_means_over_rows_accumulates_too():
-    """`dynamic_pooling`'s prior is a mean over rows and has no batch statistics: each micro-batch's loss is
-    weighted by its share of the rows, so that micro-batches give the whole batch's gradient and loss."""
-    batch = padded_batch()
-    u = torch.rand(batch.inputs.shape, generator=torch.Generator().manual_seed(5))
-    ref = model_for(name="dynamic_pooling")
-    acc = copy.deepcopy(ref)
-    g_ref, m_ref = one_pass(ref, batch, u)
-    g_acc, m_acc = accumulated(acc, batch, u, 3)
-    assert_close_grads(g_acc, g_ref)
-    assert float(m_acc["loss_prior"]) == pytest.approx(float(m_ref["loss_prior"]), rel=1e-5)
