@@ -194,8 +194,8 @@ def claims(results: list[RunResult], whitespace_share: float, policy: str = PAPE
     bpb vs X    held-out bpb difference to strategy X with its standard error (`bpb_difference`: over
                 seeds and over the held-out text): ahead or behind when the difference exceeds that error
                 times Student's t for its degrees of freedom (`noise_multiple`: 4.3 to 12.7 with two seeds whose
-                noise dominates, about 2 with many seeds or where the held-out text's dominates), within noise otherwise,
-                not judged with one seed."""
+                noise dominates, about 2 with many seeds or where the held-out text's dominates), within noise
+                otherwise, not judged with one seed."""
     by_strategy = _finished_by_strategy(results)
     if policy not in by_strategy:
         return []

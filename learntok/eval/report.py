@@ -152,8 +152,8 @@ def _paired_table(rows: Rows, columns: Sequence[tuple[str, str]], digits: int) -
     if not columns:
         return []
     first = _normalise(rows)[0][0]
-    lines = ["", f"Difference from {markdown_cell(first)} in bits-per-byte (negative: fewer bits), \u00b1 standard error "
-                 "of the difference over the same items.", "",
+    lines = ["", f"Difference from {markdown_cell(first)} in bits-per-byte (negative: fewer bits), \u00b1 standard "
+                 "error of the difference over the same items.", "",
              "| Model | " + " | ".join(h for _, h in columns) + " |", "|---|" + "|".join("---:" for _ in columns) + "|"]
     for model, cells in paired.items():
         row = []
