@@ -17,6 +17,7 @@ from test_train import memory_data, tiny_trainer
 from learntok.config import to_dict
 from learntok.unet import ByteUNet
 from learntok.train import checkpoint as ckpt_io
+from learntok.train import metrics as metrics_io
 from learntok.train.checkpoint import CheckpointError, load_model
 from learntok.train.trainer import Trainer
 
@@ -97,6 +98,28 @@ def test_full_disk_leaves_no_half_checkpoint_and_the_previous_intact(run, monkey
     monkeypatch.undo()
     resumed = tiny_trainer(run.run_dir, resume=True, training_bytes=4 * 4 * 64)
     assert resumed.step == 4
+
+
+@pytest.mark.parametrize("when", ["log line", "resume"])
+def test_full_disk_while_writing_metrics_names_the_file_and_the_checkpoint_kept(run, monkeypatch, when):
+    """metrics.jsonl is written at every log line and rewritten when a run resumes: a full disk there is an
+    error that says so and where the run continues from (as at a checkpoint), not a traceback."""
+    def full(*args, **kwargs):
+        raise disk_full("os")
+    if when == "log line":
+        resumed = tiny_trainer(run.run_dir, resume=True, training_bytes=6 * 4 * 64, log_every=1)
+        monkeypatch.setattr(metrics_io.MetricsLog, "write", full)
+        with pytest.raises(CheckpointError) as info:
+            resumed.train()
+        assert "metrics.jsonl (step 5)" in str(info.value)
+    else:
+        monkeypatch.setattr(metrics_io, "write_atomic", full)
+        with pytest.raises(CheckpointError) as info:
+            tiny_trainer(run.run_dir, resume=True, training_bytes=6 * 4 * 64)
+        assert "the metrics and config of" in str(info.value)
+    message = str(info.value)
+    assert "No space left on device" in message and "step_000004" in message and "intact" in message
+    assert f"learntok train --resume {run.run_dir}" in message
 
 
 def test_keep_last_k(tmp_path):

@@ -195,8 +195,11 @@ class Trainer:
                 raise ckpt_io.CheckpointError(f"{self.run_dir} already holds a run with checkpoints; continue it "
                                               f"with --resume {self.run_dir}, or choose another --run-dir")
         if main:
-            self.metrics.start(self.step if self.resumed_from is not None else None)
-            write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            try:
+                self.metrics.start(self.step if self.resumed_from is not None else None)
+                write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            except OSError as e:  # a full disk: say so, and what is kept, rather than a traceback
+                raise self._unwritable(f"the metrics and config of {self.run_dir}", e) from e
         self.dist.barrier()
         if t.compile:
             self.model.compile_layers()
@@ -280,14 +283,19 @@ class Trainer:
                                            optimizer_state=optimizer_state, extra=self.model.boundaries.save_files)
         except (OSError, SafetensorError) as e:  # a full disk: safetensors raises its own error type
             self.dist.barrier()
-            previous = ckpt_io.list_checkpoints(self.run_dir)
-            kept = (f"the newest complete checkpoint, {previous[-1]}, is intact; free some space and continue from it "
-                    f"with: learntok train --resume {self.run_dir}") if previous else "there is no earlier checkpoint"
-            raise ckpt_io.CheckpointError(f"could not write the checkpoint of step {self.step} in {self.run_dir}: "
-                                          f"{e}; nothing half-written was left, {kept}") from e
+            raise self._unwritable(f"the checkpoint of step {self.step} in {self.run_dir}", e,
+                                   "nothing half-written was left, ") from e
         self._saved_step = self.step
         self.dist.barrier()  # the checkpoint is complete before any rank goes on (or exits)
         return path
+
+    def _unwritable(self, what: str, e: Exception, done: str = "") -> ckpt_io.CheckpointError:
+        """The error for a file of the run that could not be written (a full disk): what, why, and the checkpoint
+        the run continues from."""
+        previous = ckpt_io.list_checkpoints(self.run_dir)
+        kept = (f"the newest complete checkpoint, {previous[-1]}, is intact; free some space and continue from it "
+                f"with: learntok train --resume {self.run_dir}") if previous else "there is no earlier checkpoint"
+        return ckpt_io.CheckpointError(f"could not write {what}: {e}; {done}{kept}")
 
     def _resume(self) -> None:
         ckpt = ckpt_io.latest_checkpoint(self.run_dir)
@@ -381,7 +389,10 @@ class Trainer:
         row.update(extra or {})
         self._window = {"sums": {}, "n": 0}
         if self.dist.is_main:
-            self.metrics.write(row)
+            try:
+                self.metrics.write(row)
+            except OSError as e:  # a full disk: the metrics line is lost, the checkpoints are not
+                raise self._unwritable(f"{self.metrics_path} (step {self.step})", e) from e
         return row
 
     # --- the loop --------------------------------------------------------------------------------
