@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from learntok.cli import main as cli_main
 from learntok.config import load_config
 from learntok.train import checkpoint as ckpt_io
 from learntok.train.metrics import TIMING_FIELDS, read_metrics
+from learntok.train import trainer as trainer_module
 from learntok.train.trainer import NonFiniteError, Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,6 +215,30 @@ def test_resume_in_process_between_log_lines_is_exact(tmp_path):
     resumed.train()
     assert without_timing(read_metrics(tmp_path / "run" / "metrics.jsonl")) == \
         without_timing(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+
+def test_throughput_after_a_resume_between_log_lines_counts_the_bytes_since_the_resume(tmp_path, monkeypatch):
+    """bytes_per_s is the window's bytes over its seconds; a run resumed inside a window times only the steps
+    after the resume, so only their bytes count (not the whole window's, divided by one step's time)."""
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    run = tiny_trainer(tmp_path / "run", log_every=4, checkpoint_every=3, eval_every=0, training_bytes=4 * 4 * 64,
+                       keep_checkpoints=0)
+    step = run.train_step
+
+    def timed_step(batch):  # each step takes a second
+        clock[0] += 1.0
+        return step(batch)
+    run.train_step = timed_step
+    run.train()
+    assert read_metrics(tmp_path / "run" / "metrics.jsonl")[0]["bytes_per_s"] == 4 * 64
+    (tmp_path / "run" / "step_000004").rename(tmp_path / "run" / "old_4")  # resume from 3, mid-window
+    resumed = tiny_trainer(tmp_path / "run", resume=True, log_every=4, checkpoint_every=3, eval_every=0,
+                           training_bytes=4 * 4 * 64)
+    step = resumed.train_step
+    resumed.train_step = timed_step
+    resumed.train()
+    assert [r["bytes_per_s"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [4 * 64]
 
 
 def test_a_run_to_a_flops_budget_resumes_on_its_replanned_schedule(tmp_path):

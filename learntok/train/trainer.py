@@ -368,6 +368,10 @@ class Trainer:
         self._window = {"n": window["n"], "sums": {
             k: torch.tensor(v if keep or k in RANK_INVARIANT else 0.0, dtype=torch.float32, device=self.device)
             for k, v in window["sums"].items()}}
+        # the bytes of the window are its throughput's, over seconds that count again from here: those trained
+        # before the checkpoint would be divided by the time since the resume (8 steps' bytes over one step's)
+        if "bytes" in self._window["sums"]:
+            self._window["sums"]["bytes"].zero_()
         ckpt_io.rng_from_json(self.sample_rng, state["sample_rng"], f"{ckpt}: the boundary sampler's random state")
         ckpt_io.rng_from_json(torch.default_generator, state["torch_rng"], f"{ckpt}: torch's random state")
         self._saved_step = self.step
