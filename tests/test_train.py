@@ -308,6 +308,16 @@ def test_a_run_directory_is_not_silently_reused(tmp_path):
         tiny_trainer(tmp_path / "run")
 
 
+def test_resuming_a_finished_run_with_overrides_leaves_its_config_as_trained(tmp_path):
+    """Nothing trains when a finished run is resumed within its schedule: the overrides given to it are not
+    written into its config.yaml, which would then say that the run was trained with them."""
+    tiny_trainer(tmp_path / "run", training_bytes=2 * 4 * 64).train()
+    files = {name: (tmp_path / "run" / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
+    resumed = tiny_trainer(tmp_path / "run", resume=True, training_bytes=2 * 4 * 64, lr=0.5)
+    assert resumed.step == resumed.total_steps == 2
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
+
+
 def test_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
     tiny_trainer(tmp_path / "run", training_bytes=4 * 4 * 64, checkpoint_every=2, log_every=1).train()
     (tmp_path / "run" / "step_000004").rename(tmp_path / "run" / "gone")
