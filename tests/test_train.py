@@ -520,6 +520,20 @@ def test_a_small_flops_budget_plans_its_steps_and_notes_a_warm_up_it_outlasts(tm
     assert "outlasts the run (about" in shown.err and "planned from train.flops_budget=2.7e+08" in shown.err
 
 
+def test_a_finished_budgeted_run_says_that_a_larger_budget_continues_it(tmp_path, capsys):
+    """A run to a FLOPs budget plans its training bytes from the budget, also on resume: a larger
+    train.training_bytes would not continue it, and the message for a finished run does not suggest one."""
+    args = ["--no-progress", "model.d_model=32", "model.n_heads=2", "train.seq_len=64", "train.batch_size=2",
+            "train.flops_budget=1e8", "train.tensorboard=false", "train.threads=1"]
+    assert cli_main(["train", "--config", "cpu_default", "--run-dir", str(tmp_path / "run"), *args]) == 0
+    capsys.readouterr()
+    assert cli_main(["train", "--resume", str(tmp_path / "run"), "--no-progress", "train.training_bytes=1e7"]) == 0
+    out = capsys.readouterr().out
+    assert "(its train.flops_budget=1e+08 FLOPs): nothing to resume; a larger train.flops_budget continues it" in out
+    assert cli_main(["train", "--resume", str(tmp_path / "run"), "--no-progress", "train.flops_budget=1.5e8"]) == 0
+    assert "resuming" in capsys.readouterr().out
+
+
 # --- prepared data, end to end -------------------------------------------------------------------
 
 def test_prepare_train_resume_end_to_end(prepared, tmp_path, capsys):

@@ -64,8 +64,12 @@ def _run(args: argparse.Namespace) -> int:
             cfg = load_checked_config(saved, args.overrides)  # errors in the file name it
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
             if trainer.resumed_from is not None and trainer.step >= trainer.total_steps:
-                say(f"{run_dir} finished at step {trainer.step} ({cfg.train.training_bytes:.4g} training bytes): "
-                    f"nothing to resume; a larger train.training_bytes (or train.flops_budget) continues it")
+                # a budgeted run plans its training bytes from the budget on resume: only a larger budget continues it
+                reached = (f"its train.flops_budget={cfg.train.flops_budget:.4g} FLOPs" if cfg.train.flops_budget
+                           is not None else f"{cfg.train.training_bytes:.4g} training bytes")
+                longer = "train.flops_budget" if cfg.train.flops_budget is not None else "train.training_bytes"
+                say(f"{run_dir} finished at step {trainer.step} ({reached}): nothing to resume; a larger {longer} "
+                    f"continues it")
                 return 0
             if trainer.resumed_from is not None:
                 say(f"resuming {run_dir} from {trainer.resumed_from.name} (step {trainer.step})")
