@@ -655,6 +655,21 @@ def test_tensorboard_events_are_written_and_purged_on_resume(tmp_path):
     assert "flops" in acc.Tags()["scalars"]
 
 
+def test_a_run_started_again_in_its_folder_shows_only_its_own_tensorboard_events(tmp_path):
+    """A run killed before its first checkpoint starts again from step 0 (--resume, or --run-dir again):
+    metrics.jsonl starts empty, and TensorBoard shows the new run's events only, not both runs' at each step."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run_dir = tmp_path / "run"
+    tiny_trainer(run_dir, training_bytes=2 * 4 * 64, log_every=1, checkpoint_every=0, tensorboard=True).train()
+    shutil.rmtree(run_dir / "step_000002")  # as if killed before it was written
+    tiny_trainer(run_dir, resume=True, training_bytes=2 * 4 * 64, log_every=1, tensorboard=True, lr=1e-2).train()
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("lr")] == \
+        [(r["step"], pytest.approx(r["lr"])) for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
 def check_compiled_stacks_do_not_recompile(tmp_path, *, rtol: float, atol: float, same_tokens: bool = True,
                                            **train) -> None:
     """An eager and a `train.compile` tiny trainer side by side for 6 steps: the token level sees a different

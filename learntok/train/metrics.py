@@ -64,9 +64,11 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 return
-            # purge_step drops events a killed run wrote after its last checkpoint
+            # purge_step hides the events a killed run wrote after its last checkpoint; a run that starts afresh
+            # in a folder used before (killed before its first checkpoint) hides all of them, as it empties
+            # metrics.jsonl: TensorBoard would otherwise show two values at each step
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"),
-                                        purge_step=resumed_step + 1 if resumed_step else None)
+                                        purge_step=0 if resumed_step is None else resumed_step + 1)
 
     def write(self, row: dict) -> None:
         with open(self.path, "a") as f:
