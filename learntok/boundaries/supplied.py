@@ -27,7 +27,7 @@ class SuppliedBoundaries(BoundaryStrategy):
     supplied_track: str = ""
     how_to_supply: str = ""  # what to do when the data holds no such track (for the error message)
     # why text that comes without boundaries cannot be scored (for the error message)
-    without_segmenter: str = "it has no rule to make them for new text"
+    without_segmenter: str = "they are a segmentation the user made, by no rule learntok has"
 
     def forward(self, inp: BoundaryInput) -> Boundaries:
         supplied = inp.supplied if inp.supplied is not None else self.segment(inp.inputs)
