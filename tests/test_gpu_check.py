@@ -29,6 +29,7 @@ def gpu_check(*args) -> subprocess.CompletedProcess:
     return subprocess.run(**dry_run(*args), capture_output=True)
 
 
+@pytest.mark.slow  # 3 minutes, the whole acceptance script on a CPU: CI runs it with the other slow tests
 def test_dry_run_writes_every_part_of_the_report(tmp_path):
     proc = gpu_check("--out", str(tmp_path), "--learn-override", "train.lr=0.002",
                      "--strategy", "uniform", "--strategy", "learned", "--strategy", "word_start",
