@@ -107,6 +107,7 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     bytes, each after its own BOS, and a strategy whose boundaries depend on the row's length (`uniform`)
     sees every row padded to `context`."""
     from .eval.scorer import BOUNDARY_MODES, threshold_uniform
+    from .generation import check_seed
     from .hub import as_unet, default_context
 
     model = as_unet(model)
@@ -119,6 +120,7 @@ def segment(model, text: str | bytes, seed: int = 0, context: int | None = None,
     if constant and not strategy.thresholdable:
         raise ValueError(f"the {strategy.name!r} strategy has no per-byte boundary probability to threshold; "
                          "use boundaries='sampled'")
+    check_seed(seed)  # it seeds a torch generator
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     context = context or default_context(model)
     if context < 2:

@@ -66,6 +66,13 @@ def sample_next(logits: torch.Tensor, generator: torch.Generator | None, *, temp
     return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator)[:, 0]
 
 
+def check_seed(seed: int) -> None:
+    """A ValueError for a seed a torch generator does not take: one outside [0, 2**64) fails inside it with
+    "Overflow when unpacking", or wraps around."""
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
+
+
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """A ValueError for settings `sample_next` has no meaning for (it would draw greedily or fail mid-way)."""
     if not (math.isfinite(temperature) and temperature >= 0):
@@ -85,9 +92,6 @@ def _suppressed(allow_eos: bool, device: torch.device) -> torch.Tensor:
 
 
 # --- generation ----------------------------------------------------------------------------------
-
-SEEDS = 2**64  # the seeds a torch generator takes (a larger one fails inside it with "Overflow when unpacking")
-
 
 @dataclass
 class Generation:
@@ -160,8 +164,7 @@ def generate(model, prompt: str | bytes | Sequence[str | bytes] = "", max_bytes:
         raise ValueError("compile=True compiles the cached step: it needs use_cache=True")
     if seed is None:
         seed = random.randrange(2**63)
-    elif not 0 <= seed < SEEDS:
-        raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
+    check_seed(seed)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

@@ -106,6 +106,8 @@ def test_threshold_segment(model):
     assert sampled.boundaries != [p > 0.5 for p in sampled.probs]  # sampling is not the threshold rule
     with pytest.raises(ValueError, match="unknown boundaries 'median'"):
         segment(model, TEXT, boundaries="median")
+    with pytest.raises(ValueError, match=r"seed must lie in \[0, 2\*\*64\), got 18446744073709551616"):
+        segment(model, TEXT, seed=2**64)  # beyond a torch generator's seeds: said, not torch's overflow
 
 
 def test_quantile_segment(model):

@@ -43,17 +43,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..display import legend, render, use_colour
-    from ..generation import SEEDS, check_sampling, generate
+    from ..generation import check_sampling, check_seed, generate
     from ..hub import default_context
 
     try:  # before anything is printed
         check_sampling(args.temperature, args.top_k, args.top_p)
+        if args.seed is not None:
+            check_seed(args.seed)
     except ValueError as e:
         raise CommandError(str(e)) from None
     if args.max_bytes < 0 or args.threads < 0:
         raise CommandError(f"--max-bytes and --threads must be >= 0 (got {args.max_bytes}, {args.threads})")
-    if args.seed is not None and not 0 <= args.seed < SEEDS:
-        raise CommandError(f"--seed must lie in [0, 2**64) (got {args.seed})")
     if args.compile and args.no_cache:  # refused before the minute of compiling, not after it
         raise CommandError("--compile compiles the cached step: it cannot go with --no-cache")
     model = load(args.model, args.device)

@@ -72,7 +72,7 @@ def load(path: str, device: str):
 
 def run(args: argparse.Namespace) -> int:
     from .. import display
-    from ..generation import SEEDS
+    from ..generation import check_seed
     from ..hub import default_context
 
     data = read_text(args.text, args.file)
@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--context must be >= 2 (BOS and a byte)")
     if args.tau is not None and args.boundaries != "quantile":
         raise CommandError("--tau is the threshold of --boundaries quantile")
-    if not 0 <= args.seed < SEEDS:  # it seeds a torch generator, as generate's does
-        raise CommandError(f"--seed must lie in [0, 2**64) (got {args.seed})")
+    try:  # before the model loads
+        check_seed(args.seed)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
     model = load(args.model, args.device)
     if args.boundaries != "sampled" and not model.boundaries.stochastic:
         print(f"note: the {model.boundaries.name} boundaries are drawn by no policy, so --boundaries "

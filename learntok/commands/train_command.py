@@ -63,11 +63,12 @@ def _run(args: argparse.Namespace) -> int:
                 raise CheckpointError(f"{saved} is empty; a learntok run saves its whole config there")
             cfg = load_checked_config(saved, args.overrides)  # errors in the file name it
             trainer = Trainer(cfg, run_dir, resume=True, progress=not args.no_progress)
-            if trainer.resumed_from is not None and trainer.step >= trainer.total_steps:
+            if trainer.resumed_finished:
                 # a budgeted run plans its training bytes from the budget on resume: only a larger budget continues it
-                reached = (f"its train.flops_budget={cfg.train.flops_budget:.4g} FLOPs" if cfg.train.flops_budget
-                           is not None else f"{cfg.train.training_bytes:.4g} training bytes")
-                longer = "train.flops_budget" if cfg.train.flops_budget is not None else "train.training_bytes"
+                if cfg.train.flops_budget is not None:
+                    reached, longer = f"its train.flops_budget={cfg.train.flops_budget:.4g} FLOPs", "train.flops_budget"
+                else:
+                    reached, longer = f"{cfg.train.training_bytes:.4g} training bytes", "train.training_bytes"
                 say(f"{run_dir} finished at step {trainer.step} ({reached}): nothing to resume; a larger {longer} "
                     f"continues it")
                 return 0

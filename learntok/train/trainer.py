@@ -194,10 +194,11 @@ class Trainer:
             if not resume and ckpt_io.list_checkpoints(self.run_dir):
                 raise ckpt_io.CheckpointError(f"{self.run_dir} already holds a run with checkpoints; continue it "
                                               f"with --resume {self.run_dir}, or choose another --run-dir")
-        # a finished run that nothing continues keeps its files as they are: the overrides given to it trained
-        # nothing, and its config.yaml would record them as the run's config (for the next --resume too)
-        finished = self.resumed_from is not None and self.step >= self.total_steps
-        if main and not finished:
+        # resumed a run whose schedule was already complete: training does nothing (`learntok train` says so)
+        self.resumed_finished = self.resumed_from is not None and self.step >= self.total_steps
+        # such a run keeps its files as they are: the overrides given to it trained nothing, and its config.yaml
+        # would record them as the run's config (for the next --resume too)
+        if main and not self.resumed_finished:
             try:
                 self.metrics.start(self.step if self.resumed_from is not None else None)
                 write_atomic(self.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
